@@ -1,0 +1,413 @@
+"""The shared cluster model: plain, immutable data for nodes, pods and cluster usage.
+
+Everything that reasons about a cluster (hard filter, scorers, simulator, graph features,
+reward) works on these types. No I/O, no clocks, no randomness in here.
+
+GPU semantics follow the Alibaba openb trace and the FGD paper (USENIX ATC'23):
+- a node has ``gpu_count`` physical GPUs of one ``gpu_model``; each device has 1000 milli;
+- a pod asks ``num_gpu`` GPUs and ``gpu_milli`` per GPU: ``num_gpu == 1`` with
+  ``gpu_milli < 1000`` is a fractional share of one device; ``num_gpu >= 1`` with
+  ``gpu_milli == 1000`` takes whole devices; ``num_gpu == 0`` asks for no GPU;
+- ``gpu_spec`` lists the GPU models a pod may run on (empty = any).
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
+from typing import Any, Mapping
+
+import numpy as np
+
+GPU_MILLI = 1000
+MAX_GPUS = 8
+ZONE_LABEL = "topology.kubernetes.io/zone"
+RACK_LABEL = "topology.agmarl.io/rack"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+DEFAULT_SCHEDULER = "default-scheduler"
+AGMARL_SCHEDULER = "agmarl-scheduler"
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"  # NoSchedule | PreferNoSchedule | NoExecute
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    key: str = ""  # empty key with operator Exists tolerates everything
+    operator: str = "Equal"  # Equal | Exists
+    value: str = ""
+    effect: str = ""  # empty = every effect
+
+
+@dataclass(frozen=True, slots=True)
+class LabelRequirement:
+    """A node-selector or label-selector requirement (matchExpressions entry)."""
+
+    key: str
+    operator: str  # In | NotIn | Exists | DoesNotExist | Gt | Lt
+    values: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSelectorTerm:
+    """Requirements ANDed together; the terms of a node affinity are ORed."""
+
+    match_expressions: tuple[LabelRequirement, ...] = ()
+    match_fields: tuple[LabelRequirement, ...] = ()  # only metadata.name is supported
+
+
+@dataclass(frozen=True, slots=True)
+class PreferredSchedulingTerm:
+    weight: int
+    preference: NodeSelectorTerm
+
+
+@dataclass(frozen=True, slots=True)
+class LabelSelector:
+    match_labels: Mapping[str, str] = field(default_factory=dict)
+    match_expressions: tuple[LabelRequirement, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PodAffinityTerm:
+    label_selector: LabelSelector
+    topology_key: str
+    namespaces: tuple[str, ...] = ()  # empty = the pod's own namespace
+
+
+@dataclass(frozen=True, slots=True)
+class WeightedPodAffinityTerm:
+    weight: int
+    term: PodAffinityTerm
+
+
+@dataclass(frozen=True, slots=True)
+class TopologySpreadConstraint:
+    max_skew: int
+    topology_key: str
+    when_unsatisfiable: str = "DoNotSchedule"  # DoNotSchedule | ScheduleAnyway
+    label_selector: LabelSelector = field(default_factory=LabelSelector)
+    min_domains: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    gpu_count: int = 0
+    gpu_model: str = ""
+    max_pods: int = 110
+    ephemeral_mib: int = 0  # 0 = not tracked
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    unschedulable: bool = False
+    ready: bool = True
+
+    @property
+    def zone(self) -> str:
+        return self.labels.get(ZONE_LABEL, "")
+
+    @property
+    def rack(self) -> str:
+        return self.labels.get(RACK_LABEL, "")
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    namespace: str = "default"
+    uid: str = ""
+    num_gpu: int = 0
+    gpu_milli: int = 0  # per GPU; 1..999 = a share of one device, 1000 = whole devices
+    gpu_spec: tuple[str, ...] = ()  # allowed GPU models, empty = any
+    ephemeral_mib: int = 0
+    labels: Mapping[str, str] = field(default_factory=dict)
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    required_node_affinity: tuple[NodeSelectorTerm, ...] = ()
+    preferred_node_affinity: tuple[PreferredSchedulingTerm, ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+    pod_affinity: tuple[PodAffinityTerm, ...] = ()
+    pod_anti_affinity: tuple[PodAffinityTerm, ...] = ()
+    preferred_pod_affinity: tuple[WeightedPodAffinityTerm, ...] = ()
+    preferred_pod_anti_affinity: tuple[WeightedPodAffinityTerm, ...] = ()
+    topology_spread: tuple[TopologySpreadConstraint, ...] = ()
+    qos: str = ""  # LS | BE | Burstable | Guaranteed (openb) or the Kubernetes QoS class
+    priority: int = 0
+    scheduler_name: str = DEFAULT_SCHEDULER
+    service: str = ""  # logical service / job the pod belongs to (pod->pod edges)
+    creation_time: float = 0.0
+    duration: float = 0.0  # seconds the pod runs once bound; 0 = forever
+    node_name: str = ""  # set once bound
+    gpu_devices: tuple[int, ...] = ()  # device indexes on node_name, set once bound
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def gpu_milli_total(self) -> int:
+        return self.num_gpu * self.gpu_milli
+
+    @property
+    def is_gpu_share(self) -> bool:
+        return self.num_gpu == 1 and 0 < self.gpu_milli < GPU_MILLI
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    """Nodes, what is bound to them, and what that uses.
+
+    Arrays are indexed by node position in ``nodes``. ``gpu_used`` is (n_nodes, MAX_GPUS) milli
+    used per device; a device j exists on node i iff j < nodes[i].gpu_count.
+    Treat instances as immutable: ``bind`` / ``unbind`` return new states.
+    """
+
+    nodes: tuple[Node, ...]
+    cpu_used: np.ndarray  # (n,) int64 milli
+    mem_used: np.ndarray  # (n,) int64 MiB
+    pods_used: np.ndarray  # (n,) int64
+    eph_used: np.ndarray  # (n,) int64 MiB
+    gpu_used: np.ndarray  # (n, MAX_GPUS) int64 milli per device
+    bound: tuple[tuple[Pod, ...], ...]  # pods on each node
+    index: Mapping[str, int] = field(default_factory=dict)
+    # static capacity arrays, filled by ``empty`` from ``nodes`` (kept by ``replace``)
+    cpu_cap: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    mem_cap: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    pods_cap: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    eph_cap: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    gpu_count: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    gpu_model: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=object))
+    schedulable: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # ready and not cordoned
+    # measured load (for load-aware policies); None = use requests
+    cpu_load: np.ndarray | None = None  # (n,) milli actually used
+    mem_load: np.ndarray | None = None  # (n,) MiB actually used
+
+    @staticmethod
+    def empty(nodes: tuple[Node, ...] | list[Node]) -> "ClusterState":
+        nodes = tuple(nodes)
+        n = len(nodes)
+        z = np.zeros(n, dtype=np.int64)
+        return ClusterState(
+            nodes=nodes,
+            cpu_used=z.copy(),
+            mem_used=z.copy(),
+            pods_used=z.copy(),
+            eph_used=z.copy(),
+            gpu_used=np.zeros((n, MAX_GPUS), dtype=np.int64),
+            bound=tuple(() for _ in range(n)),
+            index={node.name: i for i, node in enumerate(nodes)},
+            cpu_cap=np.array([nd.cpu_milli for nd in nodes], dtype=np.int64),
+            mem_cap=np.array([nd.memory_mib for nd in nodes], dtype=np.int64),
+            pods_cap=np.array([nd.max_pods for nd in nodes], dtype=np.int64),
+            eph_cap=np.array([nd.ephemeral_mib for nd in nodes], dtype=np.int64),
+            gpu_count=np.array([nd.gpu_count for nd in nodes], dtype=np.int64),
+            gpu_model=np.array([nd.gpu_model for nd in nodes], dtype=object),
+            schedulable=np.array([nd.ready and not nd.unschedulable for nd in nodes], dtype=bool),
+        )
+
+    def with_nodes(self, nodes: tuple[Node, ...] | list[Node]) -> "ClusterState":
+        """Same bound pods (matched by node name), new node specs; pods on vanished nodes are dropped."""
+        fresh = ClusterState.empty(nodes)
+        state = fresh
+        for pods in self.bound:
+            for p in pods:
+                if p.node_name in fresh.index:
+                    state = bind(state, p, fresh.index[p.node_name], p.gpu_devices)
+        return state
+
+    def node_index(self, name: str) -> int:
+        return self.index[name]
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.nodes)
+
+    def gpu_exists(self) -> np.ndarray:
+        """(n, MAX_GPUS) bool: which device slots are real GPUs."""
+        return np.arange(MAX_GPUS)[None, :] < self.gpu_count[:, None]
+
+    def gpu_free(self) -> np.ndarray:
+        """(n, MAX_GPUS) milli free per device (0 for slots that are not GPUs)."""
+        return np.where(self.gpu_exists(), GPU_MILLI - self.gpu_used, 0)
+
+    def all_pods(self) -> list[Pod]:
+        return [p for pods in self.bound for p in pods]
+
+
+def choose_gpus(pod: Pod, gpu_free_row: np.ndarray) -> tuple[int, ...] | None:
+    """Default device choice on one node: best fit for a share, lowest free devices for whole GPUs.
+
+    Returns device indexes, () for a pod without GPUs, or None when the node cannot host it.
+    """
+    if pod.num_gpu == 0:
+        return ()
+    if pod.is_gpu_share:
+        ok = np.nonzero(gpu_free_row >= pod.gpu_milli)[0]
+        if ok.size == 0:
+            return None
+        # tightest device that fits; ties -> lowest index
+        best = ok[np.argmin(gpu_free_row[ok])]
+        return (int(best),)
+    whole = np.nonzero(gpu_free_row >= GPU_MILLI)[0]
+    if whole.size < pod.num_gpu:
+        return None
+    return tuple(int(j) for j in whole[: pod.num_gpu])
+
+
+def bind(state: ClusterState, pod: Pod, node_index: int, gpus: tuple[int, ...] = ()) -> ClusterState:
+    """A new state with ``pod`` bound to node ``node_index`` on GPU devices ``gpus``."""
+    i = node_index
+    cpu, mem, cnt, eph = (a.copy() for a in (state.cpu_used, state.mem_used, state.pods_used, state.eph_used))
+    gpu = state.gpu_used.copy()
+    cpu[i] += pod.cpu_milli
+    mem[i] += pod.memory_mib
+    cnt[i] += 1
+    eph[i] += pod.ephemeral_mib
+    share = pod.gpu_milli if pod.is_gpu_share else GPU_MILLI
+    for j in gpus:
+        gpu[i, j] += share
+    placed = replace(pod, node_name=state.nodes[i].name, gpu_devices=tuple(gpus))
+    bound = state.bound[:i] + (state.bound[i] + (placed,),) + state.bound[i + 1 :]
+    return replace(state, cpu_used=cpu, mem_used=mem, pods_used=cnt, eph_used=eph, gpu_used=gpu, bound=bound)
+
+
+def unbind(state: ClusterState, pod_key: str) -> ClusterState:
+    """A new state without the bound pod ``pod_key`` (namespace/name); unknown keys are a no-op."""
+    for i, pods in enumerate(state.bound):
+        for k, p in enumerate(pods):
+            if p.key == pod_key:
+                cpu, mem, cnt, eph = (a.copy() for a in (state.cpu_used, state.mem_used, state.pods_used, state.eph_used))
+                gpu = state.gpu_used.copy()
+                cpu[i] -= p.cpu_milli
+                mem[i] -= p.memory_mib
+                cnt[i] -= 1
+                eph[i] -= p.ephemeral_mib
+                share = p.gpu_milli if p.is_gpu_share else GPU_MILLI
+                for j in p.gpu_devices:
+                    gpu[i, j] -= share
+                bound = state.bound[:i] + (pods[:k] + pods[k + 1 :],) + state.bound[i + 1 :]
+                return replace(state, cpu_used=cpu, mem_used=mem, pods_used=cnt, eph_used=eph, gpu_used=gpu, bound=bound)
+    return state
+
+
+# ---------------------------------------------------------------------------------------------
+# Plain-dict conversion (for the wire). Tuples of dataclasses and mappings round-trip exactly.
+
+_TYPES: dict[str, type] = {}
+
+
+def _register(*classes: type) -> None:
+    for c in classes:
+        _TYPES[c.__name__] = c
+
+
+_register(Taint, Toleration, LabelRequirement, NodeSelectorTerm, PreferredSchedulingTerm, LabelSelector,
+          PodAffinityTerm, WeightedPodAffinityTerm, TopologySpreadConstraint, Node, Pod)
+
+_NESTED: dict[tuple[str, str], type] = {
+    ("Node", "taints"): Taint,
+    ("Pod", "tolerations"): Toleration,
+    ("Pod", "required_node_affinity"): NodeSelectorTerm,
+    ("Pod", "preferred_node_affinity"): PreferredSchedulingTerm,
+    ("Pod", "pod_affinity"): PodAffinityTerm,
+    ("Pod", "pod_anti_affinity"): PodAffinityTerm,
+    ("Pod", "preferred_pod_affinity"): WeightedPodAffinityTerm,
+    ("Pod", "preferred_pod_anti_affinity"): WeightedPodAffinityTerm,
+    ("Pod", "topology_spread"): TopologySpreadConstraint,
+    ("NodeSelectorTerm", "match_expressions"): LabelRequirement,
+    ("NodeSelectorTerm", "match_fields"): LabelRequirement,
+    ("PreferredSchedulingTerm", "preference"): NodeSelectorTerm,
+    ("LabelSelector", "match_expressions"): LabelRequirement,
+    ("PodAffinityTerm", "label_selector"): LabelSelector,
+    ("WeightedPodAffinityTerm", "term"): PodAffinityTerm,
+    ("TopologySpreadConstraint", "label_selector"): LabelSelector,
+}
+
+
+def to_dict(obj: Any) -> Any:
+    """Dataclass -> plain dict/list/scalars, omitting fields equal to their defaults."""
+    if is_dataclass(obj):
+        out = {}
+        for f in fields(obj):
+            v = getattr(obj, f.name)
+            if f.default is not MISSING:
+                default = f.default
+            elif f.default_factory is not MISSING:
+                default = f.default_factory()
+            else:
+                default = MISSING
+            if default is not MISSING and v == default:
+                continue
+            out[f.name] = to_dict(v)
+        return out
+    if isinstance(obj, (tuple, list)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, Mapping):
+        return {str(k): to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def from_dict(cls: type, data: Mapping[str, Any]) -> Any:
+    """Inverse of ``to_dict``; raises TypeError/ValueError on unknown fields or bad shapes."""
+    if not isinstance(data, Mapping):
+        raise TypeError(f"{cls.__name__}: expected a mapping, got {type(data).__name__}")
+    names = {f.name: f for f in fields(cls)}
+    unknown = set(data) - set(names)
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown fields {sorted(unknown)}")
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        nested = _NESTED.get((cls.__name__, key))
+        f = names[key]
+        if nested is not None:
+            if isinstance(value, Mapping):
+                kwargs[key] = from_dict(nested, value)
+            else:
+                kwargs[key] = tuple(from_dict(nested, v) for v in value)
+        elif isinstance(value, list):
+            kwargs[key] = tuple(value)
+        else:
+            kwargs[key] = value
+        if "Mapping" in str(f.type) and not isinstance(kwargs[key], Mapping):
+            raise TypeError(f"{cls.__name__}.{key}: expected a mapping")
+    return cls(**kwargs)
+
+
+def node_from_dict(data: Mapping[str, Any]) -> Node:
+    return from_dict(Node, data)
+
+
+def pod_from_dict(data: Mapping[str, Any]) -> Pod:
+    return from_dict(Pod, data)
+
+
+def state_to_dict(state: ClusterState) -> dict[str, Any]:
+    """Nodes and bound pods (with their GPU devices); usage is recomputed on load."""
+    return {"nodes": [to_dict(n) for n in state.nodes],
+            "bound": [[to_dict(p) for p in pods] for pods in state.bound]}
+
+
+def state_from_dict(data: Mapping[str, Any]) -> ClusterState:
+    nodes = tuple(node_from_dict(n) for n in data["nodes"])
+    state = ClusterState.empty(nodes)
+    cpu, mem, cnt, eph = (a.copy() for a in (state.cpu_used, state.mem_used, state.pods_used, state.eph_used))
+    gpu = state.gpu_used.copy()
+    bound_lists: list[tuple[Pod, ...]] = []
+    for i, pods in enumerate(data.get("bound", [[] for _ in nodes])):
+        ps = tuple(pod_from_dict(p) for p in pods)
+        bound_lists.append(ps)
+        for p in ps:
+            cpu[i] += p.cpu_milli
+            mem[i] += p.memory_mib
+            cnt[i] += 1
+            eph[i] += p.ephemeral_mib
+            for j in p.gpu_devices:
+                gpu[i, j] += p.gpu_milli if p.is_gpu_share else GPU_MILLI
+    return replace(state, cpu_used=cpu, mem_used=mem, pods_used=cnt, eph_used=eph, gpu_used=gpu,
+                   bound=tuple(bound_lists))

@@ -1,0 +1,65 @@
+"""The one policy interface: baselines and the learned model implement it, one harness runs them.
+
+A policy scores the feasible candidate nodes of one pending pod (the hard filter has already run;
+a policy never sees an infeasible node) and may pick the GPU devices on the chosen node.
+Higher scores are better. Scores are on the policy's own scale; ``normalise_scores`` maps them to
+kube-scheduler's 0..100 framework range when they must be compared or blended.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from agmarl_common.cluster.model import ClusterState, Pod, choose_gpus
+
+MAX_NODE_SCORE = 100
+
+
+@runtime_checkable
+class Policy(Protocol):
+    name: str
+
+    def score(self, pod: Pod, state: ClusterState, candidates: np.ndarray) -> np.ndarray:
+        """Scores (float, same length as ``candidates``) for node indexes ``candidates``."""
+        ...
+
+    def choose_gpus(self, pod: Pod, state: ClusterState, node_index: int) -> tuple[int, ...] | None:
+        """GPU devices for ``pod`` on ``node_index`` (() for CPU pods, None if it cannot fit)."""
+        ...
+
+
+class PolicyBase:
+    """Default device choice and selection helpers; subclasses implement ``score``."""
+
+    name = "base"
+
+    def score(self, pod: Pod, state: ClusterState, candidates: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def choose_gpus(self, pod: Pod, state: ClusterState, node_index: int) -> tuple[int, ...] | None:
+        return choose_gpus(pod, state.gpu_free()[node_index])
+
+
+def select_node(policy: Policy, pod: Pod, state: ClusterState, candidates: np.ndarray) -> int | None:
+    """The best-scoring candidate (ties -> the first in ``candidates`` order), or None if none."""
+    if len(candidates) == 0:
+        return None
+    scores = np.asarray(policy.score(pod, state, candidates), dtype=np.float64)
+    return int(candidates[int(np.argmax(scores))])
+
+
+def normalise_scores(scores: np.ndarray, max_score: int = MAX_NODE_SCORE) -> np.ndarray:
+    """Min-max to 0..max_score as kube-scheduler's DefaultNormalizeScore does for reversed=False.
+
+    kube-scheduler divides by the maximum; for scores that may be negative we shift by the minimum.
+    All-equal scores map to max_score.
+    """
+    s = np.asarray(scores, dtype=np.float64)
+    if s.size == 0:
+        return s
+    lo, hi = float(s.min()), float(s.max())
+    if hi == lo:
+        return np.full_like(s, float(max_score))
+    return (s - lo) * max_score / (hi - lo)
