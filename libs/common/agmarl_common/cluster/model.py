@@ -158,6 +158,12 @@ class Pod:
     def is_gpu_share(self) -> bool:
         return self.num_gpu == 1 and 0 < self.gpu_milli < GPU_MILLI
 
+    @property
+    def has_pod_affinity(self) -> bool:
+        """Any pod affinity or anti-affinity term, required or preferred."""
+        return bool(self.pod_affinity or self.pod_anti_affinity or self.preferred_pod_affinity
+                    or self.preferred_pod_anti_affinity)
+
 
 @dataclass(frozen=True)
 class ClusterState:
@@ -187,6 +193,9 @@ class ClusterState:
     # measured load (for load-aware policies); None = use requests
     cpu_load: np.ndarray | None = None  # (n,) milli actually used
     mem_load: np.ndarray | None = None  # (n,) MiB actually used
+    # derived indexes that let the hard filter skip work (filled by ``empty``, kept by bind/unbind)
+    tainted: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # (n,) node has any taint
+    affinity_pods: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (n,) bound pods with has_pod_affinity
 
     @staticmethod
     def empty(nodes: tuple[Node, ...] | list[Node]) -> "ClusterState":
@@ -209,6 +218,8 @@ class ClusterState:
             gpu_count=np.array([nd.gpu_count for nd in nodes], dtype=np.int64),
             gpu_model=np.array([nd.gpu_model for nd in nodes], dtype=object),
             schedulable=np.array([nd.ready and not nd.unschedulable for nd in nodes], dtype=bool),
+            tainted=np.array([bool(nd.taints) for nd in nodes], dtype=bool),
+            affinity_pods=z.copy(),
         )
 
     def with_nodes(self, nodes: tuple[Node, ...] | list[Node]) -> "ClusterState":
@@ -274,7 +285,8 @@ def bind(state: ClusterState, pod: Pod, node_index: int, gpus: tuple[int, ...] =
         gpu[i, j] += share
     placed = replace(pod, node_name=state.nodes[i].name, gpu_devices=tuple(gpus))
     bound = state.bound[:i] + (state.bound[i] + (placed,),) + state.bound[i + 1 :]
-    return replace(state, cpu_used=cpu, mem_used=mem, pods_used=cnt, eph_used=eph, gpu_used=gpu, bound=bound)
+    return replace(state, cpu_used=cpu, mem_used=mem, pods_used=cnt, eph_used=eph, gpu_used=gpu, bound=bound,
+                   affinity_pods=_count_affinity(state.affinity_pods, i, pod, +1))
 
 
 def unbind(state: ClusterState, pod_key: str) -> ClusterState:
@@ -292,8 +304,18 @@ def unbind(state: ClusterState, pod_key: str) -> ClusterState:
                 for j in p.gpu_devices:
                     gpu[i, j] -= share
                 bound = state.bound[:i] + (pods[:k] + pods[k + 1 :],) + state.bound[i + 1 :]
-                return replace(state, cpu_used=cpu, mem_used=mem, pods_used=cnt, eph_used=eph, gpu_used=gpu, bound=bound)
+                return replace(state, cpu_used=cpu, mem_used=mem, pods_used=cnt, eph_used=eph, gpu_used=gpu, bound=bound,
+                               affinity_pods=_count_affinity(state.affinity_pods, i, p, -1))
     return state
+
+
+def _count_affinity(counts: np.ndarray, i: int, pod: Pod, delta: int) -> np.ndarray:
+    """``affinity_pods`` after adding/removing ``pod`` on node i (unchanged array when it has no terms)."""
+    if not pod.has_pod_affinity or i >= counts.shape[0]:
+        return counts
+    out = counts.copy()
+    out[i] += delta
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -398,6 +420,7 @@ def state_from_dict(data: Mapping[str, Any]) -> ClusterState:
     state = ClusterState.empty(nodes)
     cpu, mem, cnt, eph = (a.copy() for a in (state.cpu_used, state.mem_used, state.pods_used, state.eph_used))
     gpu = state.gpu_used.copy()
+    aff = state.affinity_pods.copy()
     bound_lists: list[tuple[Pod, ...]] = []
     for i, pods in enumerate(data.get("bound", [[] for _ in nodes])):
         ps = tuple(pod_from_dict(p) for p in pods)
@@ -407,7 +430,8 @@ def state_from_dict(data: Mapping[str, Any]) -> ClusterState:
             mem[i] += p.memory_mib
             cnt[i] += 1
             eph[i] += p.ephemeral_mib
+            aff[i] += p.has_pod_affinity
             for j in p.gpu_devices:
                 gpu[i, j] += p.gpu_milli if p.is_gpu_share else GPU_MILLI
     return replace(state, cpu_used=cpu, mem_used=mem, pods_used=cnt, eph_used=eph, gpu_used=gpu,
-                   bound=tuple(bound_lists))
+                   bound=tuple(bound_lists), affinity_pods=aff)

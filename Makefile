@@ -1,0 +1,33 @@
+# AGMARL-DKS — the two commands that matter: `make run` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test install unit integration proto clean
+
+$(STAMP): requirements.txt requirements-train.txt requirements-dev.txt constraints.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -r requirements-dev.txt -c constraints.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/agmarl up
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+unit: $(STAMP)
+	$(PY) -m pytest -q libs services cli
+
+integration: $(STAMP)
+	$(PY) -m pytest -q tests
+
+proto: $(STAMP)
+	$(PY) tools/gen_proto.py
+
+clean:
+	rm -rf .state .pytest_cache

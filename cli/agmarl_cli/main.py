@@ -1,0 +1,74 @@
+"""`agmarl`: the one command-line entry point."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="agmarl", description="AGMARL-DKS: graph-enhanced multi-agent RL scheduler")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    up = sub.add_parser("up", help="start NATS, the six services and a simulated cluster")
+    up.add_argument("--duration", type=float, default=None, help="run headless for S seconds, then stop")
+    up.add_argument("--summary", default=None, help="write a JSON summary here when stopping")
+    up.add_argument("--nodes", type=int, default=None, help="simulated nodes (default 50)")
+    up.add_argument("--rate", type=float, default=None, help="pod arrivals per simulated second")
+    up.add_argument("--seed", type=int, default=None)
+    up.add_argument("--no-view", action="store_true", help="print progress lines instead of the live view")
+
+    dec = sub.add_parser("decisions", help="the decision log")
+    dsub = dec.add_subparsers(dest="dcmd", required=True)
+    tail = dsub.add_parser("tail", help="stream decisions (pod, node, policy, score, trace id)")
+    tail.add_argument("--namespace", default=None)
+    tail.add_argument("--cluster", default="sim")
+    tail.add_argument("--last", type=int, default=20, help="start with the last N decisions")
+    tail.add_argument("--follow", type=float, default=None, metavar="S",
+                      help="follow for S seconds (default: until Ctrl-C)")
+
+    rt = sub.add_parser("retrain", help="ask the trainer for a new model and print its answer")
+    rt.add_argument("--reason", required=True)
+    rt.add_argument("--timeout", type=float, default=10.0)
+
+    tr = sub.add_parser("trace", help="print a decision's span tree from local trace files")
+    tr.add_argument("query", help="trace id, or pod (namespace/name or name)")
+    tr.add_argument("--dir", default=None, help="trace directory (default: the latest run's)")
+
+    pol = sub.add_parser("policy", help="the active policy")
+    psub = pol.add_subparsers(dest="pcmd", required=True)
+    psub.add_parser("show")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.cmd == "up":
+        from agmarl_cli.up import run_up  # noqa: PLC0415 - keep `agmarl --help` fast
+        env = {}
+        if args.nodes is not None:
+            env["AGMARL_SIM_NODES"] = str(args.nodes)
+        if args.rate is not None:
+            env["AGMARL_SIM_RATE"] = str(args.rate)
+        if args.seed is not None:
+            env["AGMARL_SIM_SEED"] = str(args.seed)
+        view = args.duration is None and not args.no_view and sys.stdout.isatty()
+        return asyncio.run(run_up(args.duration, args.summary, view, env))
+    from agmarl_cli import commands  # noqa: PLC0415
+    if args.cmd == "decisions":
+        try:
+            return asyncio.run(commands.decisions_tail(args.namespace, args.cluster, args.last, args.follow))
+        except KeyboardInterrupt:
+            return 0
+    if args.cmd == "retrain":
+        return asyncio.run(commands.retrain(args.reason, args.timeout))
+    if args.cmd == "trace":
+        return commands.trace(args.query, args.dir)
+    if args.cmd == "policy":
+        return asyncio.run(commands.policy_show())
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

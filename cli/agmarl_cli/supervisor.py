@@ -1,0 +1,131 @@
+"""Start and stop the local system: an embedded NATS server (unless NATS_URL is set) and the six
+services as separate processes. Every process is ours, tracked by PID and stopped by PID."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agmarl_common.natsserver import NatsServer
+
+SERVICES = ("state-collector", "graph-builder", "inference", "reward-calculator", "adaptive-engine", "trainer")
+
+
+def module_of(service: str) -> str:
+    return "agmarl_" + service.replace("-", "_")
+
+
+def state_dir() -> Path:
+    """Project-local state: $AGMARL_STATE_DIR or ./.state."""
+    return Path(os.environ.get("AGMARL_STATE_DIR", ".state")).resolve()
+
+
+@dataclass
+class System:
+    root: Path
+    run_id: str
+    nats_url: str = ""
+    nats: NatsServer | None = None
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    logs: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def trace_dir(self) -> Path:
+        return self.root / "traces" / self.run_id
+
+    @property
+    def log_dir(self) -> Path:
+        return self.root / "logs" / self.run_id
+
+    def start_nats(self) -> str:
+        url = os.environ.get("NATS_URL", "")
+        if url:
+            self.nats_url = url
+            return url
+        self.nats = NatsServer(store_dir=str(self.root / "nats"))
+        self.nats.start()
+        self.nats_url = self.nats.url
+        return self.nats_url
+
+    def service_env(self, service: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({
+            "NATS_URL": self.nats_url,
+            "AGMARL_NATS_URL": self.nats_url,
+            "AGMARL_TRACE_DIR": str(self.trace_dir),
+            "OTEL_SERVICE_NAME": service,
+            "PYTHONUNBUFFERED": "1",
+        })
+        env.update(extra or {})
+        return env
+
+    def start_services(self, extra_env: dict[str, str] | None = None,
+                       services: tuple[str, ...] = SERVICES) -> None:
+        self.trace_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for service in services:
+            log = self.log_dir / f"{service}.log"
+            self.logs[service] = log
+            with open(log, "ab") as fh:
+                self.procs[service] = subprocess.Popen(
+                    [sys.executable, "-m", module_of(service)], env=self.service_env(service, extra_env),
+                    stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        self.write_run_file()
+
+    def write_run_file(self) -> None:
+        info = {"run_id": self.run_id, "nats_url": self.nats_url, "trace_dir": str(self.trace_dir),
+                "log_dir": str(self.log_dir), "pids": {k: p.pid for k, p in self.procs.items()},
+                "nats_pid": self.nats.pid if self.nats else None}
+        (self.root / "run.json").write_text(json.dumps(info, indent=2))
+
+    def exited(self) -> dict[str, int]:
+        """Services whose process has ended, with their exit code."""
+        return {name: p.returncode for name, p in self.procs.items() if p.poll() is not None}
+
+    def stop_services(self, timeout: float = 10.0) -> dict[str, int | None]:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        codes: dict[str, int | None] = {}
+        for name, p in self.procs.items():
+            try:
+                codes[name] = p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                codes[name] = p.wait(timeout=5)
+        return codes
+
+    def stop(self) -> dict[str, int | None]:
+        codes = self.stop_services()
+        if self.nats is not None:
+            self.nats.stop()
+        run_file = self.root / "run.json"
+        if run_file.exists():
+            run_file.unlink()
+        return codes
+
+
+def find_nats_url() -> str:
+    """NATS_URL, else the URL of a running `agmarl up` in this state directory."""
+    url = os.environ.get("NATS_URL", "")
+    if url:
+        return url
+    run_file = state_dir() / "run.json"
+    if run_file.exists():
+        return json.loads(run_file.read_text())["nats_url"]
+    raise SystemExit("agmarl: no NATS to talk to: set NATS_URL or start the system with `agmarl up`")
+
+
+def latest_trace_dir() -> Path | None:
+    root = state_dir() / "traces"
+    if not root.exists():
+        return None
+    runs = sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    return runs[-1] if runs else None

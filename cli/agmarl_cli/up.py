@@ -1,0 +1,136 @@
+"""`agmarl up`: run the whole system locally, with a live view or headless for a duration."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+from agmarl_cli.monitor import Monitor, check_health, traces_complete
+from agmarl_cli.supervisor import SERVICES, System, state_dir
+from agmarl_common.bus import Bus
+from agmarl_common.telemetry import read_spans
+
+STARTUP_TIMEOUT = 60.0
+
+
+def render(mon: Monitor, elapsed: float, services: dict[str, str]) -> str:
+    s = mon.stats
+    lat = mon.latency_summary()
+    lines = [
+        f"AGMARL-DKS  local simulated cluster   t={elapsed:6.0f}s   (Ctrl-C to stop)",
+        "",
+        f"scheduled/s {mon.rate():6.1f}   pending {int(s.get('pending', 0)):5d}   bound total {mon.pods_bound:6d}"
+        f"   decisions {mon.decisions:6d}   refused binds {mon.bind_rejected}",
+        f"utilisation cpu {s.get('utilisation_cpu', 0):5.1%}  mem {s.get('utilisation_memory', 0):5.1%}"
+        f"  gpu {s.get('utilisation_gpu', 0):5.1%}   balance (std) {s.get('balance', 0):.3f}"
+        f"   violations {int(s.get('violations', 0))}",
+        f"decision latency p50 {lat['p50']:.1f} ms  p99 {lat['p99']:.1f} ms",
+        "services: " + "  ".join(f"{k}={'ok' if v == 'healthy' else v}" for k, v in services.items()),
+        "",
+        "recent decisions:",
+    ]
+    for d in reversed(mon.recent):
+        node = d.node or "(unschedulable)"
+        lines.append(f"  {d.pod_key:40.40s} -> {node:16.16s} {d.policy:14.14s} score {d.score:6.1f}"
+                     f"  trace {d.trace_id[:16]}")
+    return "\n".join(lines)
+
+
+async def run_up(duration: float | None, summary_path: str | None, view: bool, env: dict[str, str],
+                 cluster: str = "sim") -> int:
+    system = System(root=state_dir(), run_id=time.strftime("%Y%m%d-%H%M%S"))
+    system.root.mkdir(parents=True, exist_ok=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    bus: Bus | None = None
+    mon = Monitor(cluster=cluster)
+    services: dict[str, str] = {s: "starting" for s in SERVICES}
+    started = time.monotonic()
+    try:
+        url = system.start_nats()
+        system.start_services({**env, "AGMARL_CLUSTER": cluster})
+        bus = await Bus.connect(url, name="agmarl-cli")
+        await mon.attach(bus)
+        await wait_healthy(bus, system, services, stop)
+        started = time.monotonic()
+        last_print = 0.0
+        while not stop.is_set():
+            elapsed = time.monotonic() - started
+            if duration is not None and elapsed >= duration:
+                break
+            if system.exited():
+                print(f"agmarl: service exited: {system.exited()}", file=sys.stderr)
+                break
+            if view:
+                sys.stdout.write("\x1b[2J\x1b[H" + render(mon, elapsed, services) + "\n")
+                sys.stdout.flush()
+            elif elapsed - last_print >= 5.0:
+                last_print = elapsed
+                print(f"t={elapsed:5.0f}s decisions={mon.decisions} bound={mon.pods_bound} "
+                      f"pending={int(mon.stats.get('pending', 0))}", flush=True)
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=1.0)
+            except asyncio.TimeoutError:
+                pass
+        if bus is not None:
+            services = await check_health(bus, SERVICES)
+    finally:
+        elapsed = time.monotonic() - started
+        if bus is not None:
+            await bus.close()
+        codes = system.stop()
+    for name, code in codes.items():
+        if services.get(name) == "healthy" and code not in (0, None, -signal.SIGTERM):
+            services[name] = f"exited with code {code} on shutdown"
+    for name, code in system.exited().items():
+        if services.get(name) != "healthy":
+            services[name] = services.get(name) if services.get(name) not in ("starting", None) else \
+                f"exited with code {code}; see {system.logs.get(name)}"
+    summary = build_summary(mon, services, system, elapsed)
+    if summary_path:
+        Path(summary_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(summary_path).write_text(json.dumps(summary, indent=2))
+    print(json.dumps({k: summary[k] for k in ("decisions", "pods_bound", "constraint_violations",
+                                              "traces_complete", "decision_latency_ms")}))
+    return 0 if all(v == "healthy" for v in services.values()) else 1
+
+
+async def wait_healthy(bus: Bus, system: System, services: dict[str, str], stop: asyncio.Event) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT
+    while time.monotonic() < deadline and not stop.is_set():
+        services.update(await check_health(bus, SERVICES, timeout=0.5))
+        if all(v == "healthy" for v in services.values()):
+            return
+        if system.exited():
+            raise SystemExit(f"agmarl: services failed to start: {system.exited()}; logs in {system.log_dir}")
+        await asyncio.sleep(0.5)
+    if not stop.is_set():
+        bad = {k: v for k, v in services.items() if v != "healthy"}
+        raise SystemExit(f"agmarl: services not healthy after {STARTUP_TIMEOUT:.0f}s: {bad}; logs in {system.log_dir}")
+
+
+def build_summary(mon: Monitor, services: dict[str, str], system: System, elapsed: float) -> dict:
+    spans = read_spans(str(system.trace_dir)) if system.trace_dir.exists() else []
+    complete = traces_complete(mon.trace_ids, spans)
+    return {
+        "duration_s": round(elapsed, 2),
+        "decisions": mon.decisions,
+        "unschedulable_decisions": mon.unschedulable,
+        "pods_bound": mon.pods_bound,
+        "bind_rejected": mon.bind_rejected,
+        "constraint_violations": mon.max_violations,
+        "services": services,
+        "traces_complete": complete,
+        "traces_complete_ratio": round(complete / mon.decisions, 4) if mon.decisions else 0.0,
+        "decision_latency_ms": mon.latency_summary(),
+        "utilisation": {k[len("utilisation_"):]: v for k, v in mon.stats.items() if k.startswith("utilisation_")},
+        "balance_std": mon.stats.get("balance", 0.0),
+        "trace_dir": str(system.trace_dir),
+        "log_dir": str(system.log_dir),
+    }

@@ -1,0 +1,248 @@
+"""The wire contract: one typed, versioned schema per message, msgpack on the wire.
+
+Every message is a pydantic model with ``extra="forbid"``, a class-level ``KIND`` and a schema
+version field ``v``. ``encode`` turns a message into bytes; ``decode`` is the only way bytes become a
+message and raises ``DecodeError`` with a ``kind`` of ``oversized``, ``malformed`` or ``schema``.
+Cluster objects travel as ``agmarl_common.cluster.model.to_dict`` output (plain dicts).
+"""
+from __future__ import annotations
+
+import base64
+import uuid
+from typing import Any, ClassVar, Literal
+
+import msgpack
+import numpy as np
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+MAX_MESSAGE_BYTES = 1024 * 1024
+DEAD_LETTER_PAYLOAD_BYTES = 64 * 1024
+
+RejectKind = Literal["oversized", "malformed", "schema"]
+
+
+class DecodeError(Exception):
+    """Bytes that are not a valid message; ``kind`` is oversized | malformed | schema."""
+
+    def __init__(self, reason: str, kind: str):
+        super().__init__(f"{kind}: {reason}")
+        self.reason = reason
+        self.kind = kind
+
+
+class Message(BaseModel):
+    """Base of every wire message: forbids unknown fields, carries a schema version ``v``."""
+
+    model_config = ConfigDict(extra="forbid")
+    KIND: ClassVar[str] = ""
+    VERSIONS: ClassVar[frozenset[int]] = frozenset({1})
+
+    v: int = 1
+
+    @field_validator("v")
+    @classmethod
+    def _known_version(cls, value: int) -> int:
+        if value not in cls.VERSIONS:
+            raise ValueError(f"unsupported schema version {value} for {cls.KIND!r} "
+                             f"(supported: {sorted(cls.VERSIONS)})")
+        return value
+
+
+class PendingPod(Message):
+    KIND: ClassVar[str] = "pending_pod"
+    cluster: str
+    pod: dict[str, Any]
+    seen_at: float
+    seq: int
+
+
+class ClusterSnapshot(Message):
+    KIND: ClassVar[str] = "snapshot"
+    cluster: str
+    seq: int
+    time: float
+    state: dict[str, Any]
+    pending: list[dict[str, Any]] = []
+    stats: dict[str, float] = {}
+
+
+EventType = Literal["pod_added", "pod_bound", "pod_deleted", "pod_failed", "pod_evicted",
+                    "node_added", "node_failed", "node_recovered", "bind_rejected"]
+
+
+class ClusterEvent(Message):
+    KIND: ClassVar[str] = "event"
+    cluster: str
+    seq: int
+    type: EventType
+    pod_key: str = ""
+    node: str = ""
+    reason: str = ""
+    time: float
+    decision_id: str = ""
+
+
+class GraphRequest(Message):
+    KIND: ClassVar[str] = "graph"
+    cluster: str
+    snapshot_seq: int
+    pod: dict[str, Any]
+    seen_at: float
+    candidates: list[str]
+    features: dict[str, list] = {}
+    filtered_out: dict[str, str] = {}
+
+
+class Decision(Message):
+    KIND: ClassVar[str] = "decision"
+    decision_id: str
+    cluster: str
+    namespace: str
+    pod_key: str
+    node: str = ""
+    gpus: list[int] = []
+    policy: str
+    model_version: str = ""
+    mode: str
+    score: float = 0.0
+    scores: dict[str, float] = {}
+    model_scores: dict[str, float] = {}
+    default_scores: dict[str, float] = {}
+    explanation: dict[str, Any] = {}
+    trace_id: str = ""
+    seen_at: float
+    decided_at: float
+    source: Literal["loop", "extender", "batch"] = "loop"
+
+
+class Reward(Message):
+    KIND: ClassVar[str] = "reward"
+    decision_id: str
+    cluster: str
+    components: dict[str, float]
+    total: float
+    scheme: str
+    time: float
+
+
+class Experience(Message):
+    KIND: ClassVar[str] = "experience"
+    id: str
+    cluster: str
+    state: dict[str, Any]
+    action: dict[str, Any]
+    reward: float
+    next_state: dict[str, Any]
+    time: float
+
+
+class PolicySelection(Message):
+    KIND: ClassVar[str] = "policy_selection"
+    policy: str
+    model_version: str = ""
+    mode: str = "full"
+    reason: str
+    time: float
+    previous: str = ""
+
+
+class TrainRequest(Message):
+    KIND: ClassVar[str] = "train_request"
+    request_id: str
+    reason: str
+    evidence: dict[str, Any] = {}
+    requested_at: float
+
+
+class TrainStatus(Message):
+    KIND: ClassVar[str] = "train_status"
+    request_id: str
+    status: Literal["accepted", "running", "done", "rejected", "failed"]
+    detail: str
+    model_version: str = ""
+    time: float
+
+
+class ModelPublished(Message):
+    KIND: ClassVar[str] = "model_published"
+    version: str
+    sha256: str
+    object_name: str
+    manifest: dict[str, Any]
+    time: float
+
+
+class DeadLetter(Message):
+    KIND: ClassVar[str] = "dead_letter"
+    service: str
+    subject: str
+    reason: str
+    kind: str
+    payload_b64: str
+    size: int
+    time: float
+
+
+class HealthStatus(Message):
+    KIND: ClassVar[str] = "health"
+    service: str
+    status: str
+    pid: int
+    metrics_port: int
+    details: dict[str, Any] = {}
+
+
+MESSAGES: dict[str, type[Message]] = {cls.KIND: cls for cls in (
+    PendingPod, ClusterSnapshot, ClusterEvent, GraphRequest, Decision, Reward, Experience,
+    PolicySelection, TrainRequest, TrainStatus, ModelPublished, DeadLetter, HealthStatus)}
+
+
+def _to_plain(obj: Any) -> Any:
+    """msgpack ``default`` hook: numpy arrays/scalars and tuples-in-sets become plain values."""
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj)
+    raise TypeError(f"cannot encode {type(obj).__name__} on the wire")
+
+
+def encode(msg: Message) -> bytes:
+    """Message -> msgpack bytes (the fields only; the kind is implied by the subject)."""
+    return msgpack.packb(msg.model_dump(mode="python"), use_bin_type=True, default=_to_plain)
+
+
+def decode(cls: type[Message], data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
+    """Bytes -> ``cls`` instance, strictly validated; raises ``DecodeError`` on any problem."""
+    size = len(data)
+    if size > max_bytes:
+        raise DecodeError(f"{size} bytes exceeds the limit of {max_bytes} bytes", "oversized")
+    try:
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types on bad input
+        raise DecodeError(f"not valid msgpack: {type(exc).__name__}: {exc}", "malformed") from None
+    if not isinstance(obj, dict):
+        raise DecodeError(f"expected a map for {cls.KIND!r}, got {type(obj).__name__}", "schema")
+    version = obj.get("v", 1)
+    if version not in cls.VERSIONS:
+        raise DecodeError(f"unsupported schema version {version!r} for {cls.KIND!r} "
+                          f"(supported: {sorted(cls.VERSIONS)})", "schema")
+    try:
+        return cls.model_validate(obj, strict=True)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}"
+                             for e in exc.errors()[:5])
+        raise DecodeError(f"invalid {cls.KIND!r}: {problems}", "schema") from None
+
+
+def dead_letter(service: str, subject: str, reason: str, kind: str, payload: bytes, time: float) -> DeadLetter:
+    """A DeadLetter carrying at most the first 64 KiB of the rejected payload (base64)."""
+    return DeadLetter(service=service, subject=subject, reason=reason, kind=kind,
+                      payload_b64=base64.b64encode(payload[:DEAD_LETTER_PAYLOAD_BYTES]).decode("ascii"),
+                      size=len(payload), time=time)
+
+
+def new_id() -> str:
+    """A random 32-hex-digit identifier (decision ids, request ids, experience ids)."""
+    return uuid.uuid4().hex

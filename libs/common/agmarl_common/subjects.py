@@ -1,0 +1,175 @@
+"""The subject catalogue: ``agmarl.v1.<kind>.<cluster>[.<namespace>]``, streams, KV and object buckets.
+
+``CATALOGUE`` is the single list ``proto/subjects.yaml`` is generated from; every service builds
+subjects through the functions here, never by string formatting of its own.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+PREFIX = "agmarl.v1"
+_BAD_TOKEN = re.compile(r"[.\s*>]")
+
+
+def token(value: str) -> str:
+    """A name made safe as one subject token (dots, spaces and wildcards become '_')."""
+    if value in ("*", ">"):
+        return value
+    cleaned = _BAD_TOKEN.sub("_", value)
+    return cleaned or "_"
+
+
+def pending(cluster: str) -> str:
+    return f"{PREFIX}.pending.{token(cluster)}"
+
+
+def snapshot(cluster: str) -> str:
+    return f"{PREFIX}.snapshot.{token(cluster)}"
+
+
+def event(cluster: str) -> str:
+    return f"{PREFIX}.event.{token(cluster)}"
+
+
+def graph(cluster: str) -> str:
+    return f"{PREFIX}.graph.{token(cluster)}"
+
+
+def decision(cluster: str, namespace: str) -> str:
+    return f"{PREFIX}.decision.{token(cluster)}.{token(namespace or 'default')}"
+
+
+def decision_wildcard(cluster: str = "*") -> str:
+    return f"{PREFIX}.decision.{token(cluster)}.>"
+
+
+def reward(cluster: str) -> str:
+    return f"{PREFIX}.reward.{token(cluster)}"
+
+
+def experience(cluster: str) -> str:
+    return f"{PREFIX}.experience.{token(cluster)}"
+
+
+def policy_selection() -> str:
+    return f"{PREFIX}.policy_selection"
+
+
+def train_request() -> str:
+    return f"{PREFIX}.train_request"
+
+
+def train_status() -> str:
+    return f"{PREFIX}.train_status"
+
+
+def model_published() -> str:
+    return f"{PREFIX}.model_published"
+
+
+def dead_letter(service: str) -> str:
+    return f"{PREFIX}.dead_letter.{token(service)}"
+
+
+def health(service: str) -> str:
+    return f"{PREFIX}.health.{token(service)}"
+
+
+def health_all() -> str:
+    """Scatter-gather health ping: every ServiceRuntime answers requests here too."""
+    return f"{PREFIX}.health_all"
+
+
+def subject_label(subject: str) -> str:
+    """Bounded-cardinality metric label: tokens after the kind collapse to '*'.
+
+    ``agmarl.v1.decision.prod.team-a`` -> ``agmarl.v1.decision.*.*``; foreign subjects such as
+    reply inboxes keep only their first token (``_INBOX.>``).
+    """
+    tokens = subject.split(".")
+    if len(tokens) >= 3 and tokens[0] == "agmarl" and tokens[1] == "v1":
+        return ".".join(tokens[:3] + ["*"] * (len(tokens) - 3))
+    return tokens[0] + (".>" if len(tokens) > 1 else "")
+
+
+# --- JetStream ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """What ``Bus.ensure_streams`` creates; storage is 'file' or 'memory', times in seconds."""
+
+    name: str
+    subjects: tuple[str, ...]
+    storage: str = "file"
+    duplicate_window: float = 120.0
+    max_age: float = 0.0           # 0 = keep forever (bounded by max_bytes)
+    max_bytes: int = 1024 ** 3
+    description: str = ""
+
+
+DECISIONS = StreamSpec(
+    name="DECISIONS", subjects=(f"{PREFIX}.decision.>",), storage="file", duplicate_window=120.0,
+    description="Decision log: every scheduling decision, survives a NATS restart")
+EXPERIENCE = StreamSpec(
+    name="EXPERIENCE", subjects=(f"{PREFIX}.experience.>",), storage="file", duplicate_window=600.0,
+    description="Experience transitions for the trainer, deduplicated by Nats-Msg-Id")
+EVENTS = StreamSpec(
+    name="EVENTS", subjects=(f"{PREFIX}.event.>",), storage="file", duplicate_window=120.0,
+    max_age=24 * 3600.0, description="Cluster events (optional, one day)")
+STREAMS: tuple[StreamSpec, ...] = (DECISIONS, EXPERIENCE)
+
+CONFIG_BUCKET = "agmarl_config"
+KEY_ACTIVE_POLICY = "active_policy"
+KEY_ROLLOUT = "rollout"
+MODELS_BUCKET = "agmarl_models"
+
+
+# --- the catalogue ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CatalogueEntry:
+    pattern: str
+    kind: str
+    producer: str
+    consumers: tuple[str, ...]
+    stream: str | None = None
+    description: str = ""
+
+
+_C, _N, _S = "{cluster}", "{namespace}", "{service}"
+
+CATALOGUE: list[CatalogueEntry] = [
+    CatalogueEntry(f"{PREFIX}.pending.{_C}", "pending_pod", "state-collector", ("graph-builder",),
+                   None, "A pod waiting to be scheduled"),
+    CatalogueEntry(f"{PREFIX}.snapshot.{_C}", "snapshot", "state-collector",
+                   ("graph-builder", "reward-calculator", "adaptive-engine"), None,
+                   "Full cluster state with pending pods and utilisation statistics"),
+    CatalogueEntry(f"{PREFIX}.event.{_C}", "event", "state-collector",
+                   ("graph-builder", "reward-calculator"), None,
+                   "Pod and node lifecycle outcomes (EVENTS stream optional)"),
+    CatalogueEntry(f"{PREFIX}.graph.{_C}", "graph", "graph-builder", ("inference",), None,
+                   "Per-pod scheduling round: candidates after the hard filter and graph features"),
+    CatalogueEntry(f"{PREFIX}.decision.{_C}.{_N}", "decision", "inference",
+                   ("state-collector", "reward-calculator", "adaptive-engine"), DECISIONS.name,
+                   "A scheduling decision with scores and explanation (decision log)"),
+    CatalogueEntry(f"{PREFIX}.reward.{_C}", "reward", "reward-calculator", ("adaptive-engine",), None,
+                   "Reward of one decision with every component"),
+    CatalogueEntry(f"{PREFIX}.experience.{_C}", "experience", "reward-calculator", ("trainer",),
+                   EXPERIENCE.name, "Transition (state, action, reward, next state) for training"),
+    CatalogueEntry(f"{PREFIX}.policy_selection", "policy_selection", "adaptive-engine", ("inference",),
+                   None, "Active policy change (also written to KV agmarl_config/active_policy)"),
+    CatalogueEntry(f"{PREFIX}.train_request", "train_request", "adaptive-engine", ("trainer",), None,
+                   "Retrain request with drift evidence"),
+    CatalogueEntry(f"{PREFIX}.train_status", "train_status", "trainer", ("adaptive-engine",), None,
+                   "Progress of a training request"),
+    CatalogueEntry(f"{PREFIX}.model_published", "model_published", "trainer",
+                   ("inference", "adaptive-engine"), None,
+                   "A new model version stored in Object Store agmarl_models"),
+    CatalogueEntry(f"{PREFIX}.dead_letter.{_S}", "dead_letter", "*", ("operator",), None,
+                   "A message a service rejected or failed to handle"),
+    CatalogueEntry(f"{PREFIX}.health.{_S}", "health", "*", ("cli",), None,
+                   "Request/reply health check of one service (request payload ignored)"),
+    CatalogueEntry(f"{PREFIX}.health_all", "health", "*", ("cli",), None,
+                   "Scatter-gather health check: every service replies"),
+]

@@ -1,0 +1,380 @@
+"""Table-driven tests of the hard filter, and a property test: feasible_mask == filter_node everywhere."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agmarl_common.cluster.filters import (
+    feasible_mask,
+    feasible_nodes,
+    filter_node,
+    fits_gpu,
+    fits_node_selector,
+    fits_node_unschedulable,
+    fits_pod_affinity,
+    fits_resources,
+    fits_taints,
+    fits_topology_spread,
+    violations,
+)
+from agmarl_common.cluster.model import (
+    HOSTNAME_LABEL,
+    ZONE_LABEL,
+    ClusterState,
+    LabelRequirement,
+    LabelSelector,
+    Node,
+    NodeSelectorTerm,
+    Pod,
+    PodAffinityTerm,
+    Taint,
+    Toleration,
+    TopologySpreadConstraint,
+    bind,
+    choose_gpus,
+    state_from_dict,
+    state_to_dict,
+    unbind,
+)
+
+Req = LabelRequirement
+
+
+def pod(name="p", cpu=1000, mem=1024, **kw) -> Pod:
+    return Pod(name=name, cpu_milli=cpu, memory_mib=mem, **kw)
+
+
+def node(name="n", cpu=4000, mem=8192, **kw) -> Node:
+    return Node(name=name, cpu_milli=cpu, memory_mib=mem, **kw)
+
+
+# ------------------------------------------------------------------------------ resources
+
+def _one(n: Node, *placed: tuple[Pod, tuple[int, ...]]) -> ClusterState:
+    s = ClusterState.empty([n])
+    for p, gpus in placed:
+        s = bind(s, p, 0, gpus)
+    return s
+
+
+@pytest.mark.parametrize("n, placed, p, ok, reason", [
+    (node(), [], pod(cpu=4000, mem=8192), True, ""),
+    (node(), [], pod(cpu=4001), False, "Insufficient cpu"),
+    (node(), [(pod("a", cpu=3500), ())], pod(cpu=600), False, "Insufficient cpu"),
+    (node(), [], pod(mem=8193), False, "Insufficient memory"),
+    (node(cpu=1000), [(pod("a", cpu=1000), ())], pod(cpu=0, mem=1), True, ""),  # zero request always fits
+    (node(max_pods=1), [(pod("a", cpu=1), ())], pod(cpu=1), False, "Too many pods"),
+    (node(ephemeral_mib=100), [], pod(ephemeral_mib=101), False, "Insufficient ephemeral-storage"),
+    (node(ephemeral_mib=0), [], pod(ephemeral_mib=10**6), True, ""),  # not tracked
+    (node(gpu_count=1), [], pod(num_gpu=1, gpu_milli=1000), True, ""),
+    (node(), [], pod(num_gpu=1, gpu_milli=500), False, "Insufficient nvidia.com/gpu"),
+])
+def test_fits_resources(n, placed, p, ok, reason):
+    status = fits_resources(p, _one(n, *placed), 0)
+    assert status.ok is ok
+    assert status.reason == reason
+    assert status.plugin == ("" if ok else "NodeResourcesFit")
+
+
+@pytest.mark.parametrize("n, placed, p, ok", [
+    (node(gpu_count=2), [], pod(num_gpu=2, gpu_milli=1000), True),
+    (node(gpu_count=2), [(pod("a", num_gpu=1, gpu_milli=100), (0,))], pod(num_gpu=2, gpu_milli=1000), False),
+    (node(gpu_count=2), [(pod("a", num_gpu=1, gpu_milli=600), (0,))], pod(num_gpu=1, gpu_milli=400), True),
+    # 600 + 500 on device 0, 600 on device 1: no single device has 500 free
+    (node(gpu_count=2), [(pod("a", num_gpu=1, gpu_milli=600), (0,)), (pod("b", num_gpu=1, gpu_milli=600), (1,))],
+     pod(num_gpu=1, gpu_milli=500), False),
+    (node(gpu_count=2), [(pod("a", num_gpu=1, gpu_milli=600), (0,)), (pod("b", num_gpu=1, gpu_milli=600), (1,))],
+     pod(num_gpu=1, gpu_milli=400), True),
+    (node(gpu_count=1, gpu_model="T4"), [], pod(num_gpu=1, gpu_milli=1000, gpu_spec=("V100M16", "V100M32")), False),
+    (node(gpu_count=1, gpu_model="V100M32"), [], pod(num_gpu=1, gpu_milli=1000, gpu_spec=("V100M16", "V100M32")), True),
+    (node(gpu_count=0), [], pod(gpu_spec=("T4",)), True),  # CPU pods ignore gpu_spec
+    (node(gpu_count=8), [], pod(num_gpu=9, gpu_milli=1000), False),
+])
+def test_fits_gpu(n, placed, p, ok):
+    s = _one(n, *placed)
+    assert fits_gpu(p, s, 0).ok is ok
+    assert feasible_mask(p, s)[0] == ok
+
+
+# ------------------------------------------------------------------------------ node-only checks
+
+@pytest.mark.parametrize("n, tolerations, ok", [
+    (node(), (), True),
+    (node(unschedulable=True), (), False),
+    (node(unschedulable=True), (Toleration("node.kubernetes.io/unschedulable", "Exists", effect="NoSchedule"),), True),
+    (node(ready=False), (), False),
+    (node(ready=False), (Toleration("node.kubernetes.io/not-ready", "Exists", effect="NoSchedule"),), False),
+    (node(ready=False), (Toleration("node.kubernetes.io/not-ready", "Exists"),), True),
+    (node(ready=False, unschedulable=True), (Toleration(operator="Exists"),), True),
+])
+def test_fits_node_unschedulable(n, tolerations, ok):
+    assert fits_node_unschedulable(pod(tolerations=tolerations), n).ok is ok
+
+
+@pytest.mark.parametrize("taints, tolerations, ok", [
+    ((), (), True),
+    ((Taint("gpu", "true", "NoSchedule"),), (), False),
+    ((Taint("gpu", "true", "NoExecute"),), (), False),
+    ((Taint("gpu", "true", "PreferNoSchedule"),), (), True),
+    ((Taint("gpu", "true", "NoSchedule"),), (Toleration("gpu", "Equal", "true", "NoSchedule"),), True),
+    ((Taint("gpu", "true", "NoSchedule"),), (Toleration("gpu", "Equal", "false"),), False),
+    ((Taint("gpu", "true", "NoSchedule"),), (Toleration("gpu", "Exists"),), True),
+    ((Taint("gpu", "true", "NoSchedule"),), (Toleration("gpu", "Exists", effect="NoExecute"),), False),
+    ((Taint("a", "", "NoSchedule"), Taint("b", "", "NoExecute")), (Toleration("a", "Exists"),), False),
+    ((Taint("a", "", "NoSchedule"), Taint("b", "", "NoExecute")), (Toleration(operator="Exists"),), True),
+])
+def test_fits_taints(taints, tolerations, ok):
+    status = fits_taints(pod(tolerations=tolerations), node(taints=taints))
+    assert status.ok is ok
+    assert status.plugin == ("" if ok else "TaintToleration")
+
+
+LABELS = {"disk": "ssd", "gen": "5", ZONE_LABEL: "z1"}
+
+
+@pytest.mark.parametrize("selector, terms, ok", [
+    ({}, (), True),
+    ({"disk": "ssd"}, (), True),
+    ({"disk": "hdd"}, (), False),
+    ({"missing": "x"}, (), False),
+    ({HOSTNAME_LABEL: "n"}, (), True),  # hostname defaults to the node name
+    ({}, (NodeSelectorTerm((Req("disk", "In", ("ssd", "nvme")),)),), True),
+    ({}, (NodeSelectorTerm((Req("disk", "NotIn", ("ssd",)),)),), False),
+    ({}, (NodeSelectorTerm((Req("missing", "NotIn", ("ssd",)),)),), True),
+    ({}, (NodeSelectorTerm((Req("disk", "Exists"),)),), True),
+    ({}, (NodeSelectorTerm((Req("disk", "DoesNotExist"),)),), False),
+    ({}, (NodeSelectorTerm((Req("gen", "Gt", ("4",)),)),), True),
+    ({}, (NodeSelectorTerm((Req("gen", "Gt", ("5",)),)),), False),
+    ({}, (NodeSelectorTerm((Req("gen", "Lt", ("6",)),)),), True),
+    ({}, (NodeSelectorTerm((Req("disk", "Lt", ("6",)),)),), False),  # not an integer
+    ({}, (NodeSelectorTerm(),), False),  # an empty term matches nothing
+    # terms are ORed, requirements inside a term ANDed
+    ({}, (NodeSelectorTerm((Req("disk", "In", ("hdd",)),)), NodeSelectorTerm((Req("gen", "In", ("5",)),))), True),
+    ({}, (NodeSelectorTerm((Req("disk", "In", ("ssd",)), Req("gen", "In", ("4",)))),), False),
+    ({}, (NodeSelectorTerm(match_fields=(Req("metadata.name", "In", ("n",)),)),), True),
+    ({}, (NodeSelectorTerm(match_fields=(Req("metadata.name", "NotIn", ("n",)),)),), False),
+    ({"disk": "ssd"}, (NodeSelectorTerm((Req("gen", "In", ("4",)),)),), False),  # selector AND affinity
+])
+def test_fits_node_selector(selector, terms, ok):
+    status = fits_node_selector(pod(node_selector=selector, required_node_affinity=terms), node(labels=LABELS))
+    assert status.ok is ok
+    assert status.plugin == ("" if ok else "NodeAffinity")
+
+
+# ------------------------------------------------------------------------------ pod affinity
+
+def _zoned(*placed: tuple[int, Pod]) -> ClusterState:
+    """n0, n1 in zone a; n2 in zone b; n3 has no zone label."""
+    nodes = [node("n0", labels={ZONE_LABEL: "a"}), node("n1", labels={ZONE_LABEL: "a"}),
+             node("n2", labels={ZONE_LABEL: "b"}), node("n3")]
+    s = ClusterState.empty(nodes)
+    for i, p in placed:
+        s = bind(s, p, i)
+    return s
+
+
+def _term(key=ZONE_LABEL, **labels) -> PodAffinityTerm:
+    return PodAffinityTerm(LabelSelector(match_labels=labels), key)
+
+
+WEB = {"app": "web"}
+
+
+@pytest.mark.parametrize("placed, p, expected", [
+    # required affinity to app=web in the same zone
+    ([(0, pod("w", labels=WEB))], pod(pod_affinity=(_term(app="web"),)), [True, True, False, False]),
+    ([(0, pod("w", labels=WEB))], pod(pod_affinity=(_term(HOSTNAME_LABEL, app="web"),)), [True, False, False, False]),
+    # nothing matches and the pod does not match itself: nowhere
+    ([], pod(pod_affinity=(_term(app="web"),)), [False, False, False, False]),
+    # first pod of a self-affine group: anywhere with the topology key
+    ([], pod(labels=WEB, pod_affinity=(_term(app="web"),)), [True, True, True, False]),
+    # a matching pod in another namespace does not count
+    ([(0, pod("w", labels=WEB, namespace="other"))], pod(pod_affinity=(_term(app="web"),)), [False] * 4),
+    # required anti-affinity: not in zone a; n3 lacks the key so the term cannot be violated there
+    ([(1, pod("w", labels=WEB))], pod(pod_anti_affinity=(_term(app="web"),)), [False, False, True, True]),
+    # existing pod's anti-affinity against the incoming pod (symmetry)
+    ([(2, pod("w", pod_anti_affinity=(_term(app="web"),)))], pod(labels=WEB), [True, True, False, True]),
+    ([(2, pod("w", pod_anti_affinity=(_term(app="web"),)))], pod(labels={"app": "db"}), [True] * 4),
+])
+def test_fits_pod_affinity(placed, p, expected):
+    s = _zoned(*placed)
+    got = [fits_pod_affinity(p, s, i).ok for i in range(s.n_nodes)]
+    assert got == expected
+    assert feasible_mask(p, s).tolist() == expected
+
+
+# ------------------------------------------------------------------------------ topology spread
+
+def _spread(max_skew=1, key=ZONE_LABEL, min_domains=1, when="DoNotSchedule"):
+    return TopologySpreadConstraint(max_skew, key, when, LabelSelector(match_labels=WEB), min_domains)
+
+
+@pytest.mark.parametrize("placed, p, expected", [
+    # zone a has 1 web pod, zone b 0: skew on a would be 2 - 0 > 1
+    ([(0, pod("w", labels=WEB))], pod(labels=WEB, topology_spread=(_spread(),)), [False, False, True, False]),
+    ([(0, pod("w", labels=WEB))], pod(labels=WEB, topology_spread=(_spread(max_skew=2),)), [True, True, True, False]),
+    # the incoming pod does not match its own selector: self-match 0
+    ([(0, pod("w", labels=WEB))], pod(topology_spread=(_spread(),)), [True, True, True, False]),
+    # minDomains 3 with only 2 zones: global minimum treated as 0
+    ([(2, pod("w", labels=WEB))], pod(labels=WEB, topology_spread=(_spread(min_domains=3),)), [True, True, False, False]),
+    ([(0, pod("a", labels=WEB)), (2, pod("b", labels=WEB))],
+     pod(labels=WEB, topology_spread=(_spread(min_domains=3),)), [False, False, False, False]),
+    # ScheduleAnyway never filters, not even nodes without the key
+    ([(0, pod("w", labels=WEB))], pod(labels=WEB, topology_spread=(_spread(when="ScheduleAnyway"),)), [True] * 4),
+    # hostname domains: 4 nodes, one already has a pod
+    ([(0, pod("w", labels=WEB))], pod(labels=WEB, topology_spread=(_spread(key=HOSTNAME_LABEL),)),
+     [False, True, True, True]),
+])
+def test_fits_topology_spread(placed, p, expected):
+    s = _zoned(*placed)
+    assert [fits_topology_spread(p, s, i).ok for i in range(s.n_nodes)] == expected
+    assert feasible_mask(p, s).tolist() == expected
+
+
+def test_spread_counts_only_nodes_passing_node_affinity():
+    nodes = [node("n0", labels={ZONE_LABEL: "a", "pool": "x"}), node("n1", labels={ZONE_LABEL: "c", "pool": "x"}),
+             node("n2", labels={ZONE_LABEL: "b", "pool": "y"})]
+    s = bind(bind(ClusterState.empty(nodes), pod("w0", labels=WEB), 0), pod("w1", labels=WEB), 1)
+    # every zone eligible: b has 0, so a would reach skew 1 + 1 - 0 = 2
+    p = pod(labels=WEB, topology_spread=(_spread(),))
+    assert [fits_topology_spread(p, s, i).ok for i in range(3)] == [False, False, True]
+    # pool=x excludes zone b from the domains: minimum is 1, skew on a is 1 + 1 - 1 = 1
+    p_x = pod(labels=WEB, node_selector={"pool": "x"}, topology_spread=(_spread(),))
+    assert [fits_topology_spread(p_x, s, i).ok for i in range(3)] == [True, True, True]
+    assert feasible_mask(p_x, s).tolist() == [True, True, False]  # b fails on NodeAffinity
+
+
+# ------------------------------------------------------------------------------ whole filter
+
+def test_filter_node_first_failure_in_kube_scheduler_order():
+    n = node(unschedulable=True, taints=(Taint("x", "", "NoSchedule"),), labels={"a": "b"})
+    s = ClusterState.empty([n])
+    p = pod(cpu=10**6, node_selector={"a": "c"})
+    assert filter_node(p, s, 0).plugin == "NodeUnschedulable"
+    p = pod(cpu=10**6, node_selector={"a": "c"}, tolerations=(Toleration("node.kubernetes.io/unschedulable", "Exists"),))
+    assert filter_node(p, s, 0).plugin == "TaintToleration"
+    p = pod(cpu=10**6, node_selector={"a": "c"}, tolerations=(Toleration(operator="Exists"),))
+    assert filter_node(p, s, 0).plugin == "NodeAffinity"
+    p = pod(cpu=10**6, tolerations=(Toleration(operator="Exists"),))
+    assert filter_node(p, s, 0) == fits_resources(p, s, 0)
+    assert filter_node(pod(tolerations=(Toleration(operator="Exists"),)), s, 0).ok
+    assert feasible_nodes(pod(), s).tolist() == []
+    assert feasible_nodes(pod(tolerations=(Toleration(operator="Exists"),)), s).dtype == np.int64
+
+
+# ------------------------------------------------------------------------------ violations
+
+def test_violations_empty_for_a_legal_state():
+    s = _zoned((0, pod("a", labels=WEB)), (2, pod("b", labels=WEB, pod_anti_affinity=(_term(app="web"),))))
+    assert violations(s) == []
+
+
+@pytest.mark.parametrize("build, needle", [
+    (lambda: bind(ClusterState.empty([node(cpu=1000)]), pod(cpu=1500), 0), "cpu used 1500 > capacity 1000"),
+    (lambda: bind(ClusterState.empty([node(max_pods=0)]), pod(), 0), "pods used 1 > capacity 0"),
+    (lambda: bind(bind(ClusterState.empty([node(gpu_count=1)]), pod("a", num_gpu=1, gpu_milli=600), 0, (0,)),
+                  pod("b", num_gpu=1, gpu_milli=600), 0, (0,)), "gpu device 0 used 1200 > 1000"),
+    (lambda: bind(ClusterState.empty([node(gpu_count=1)]), pod(num_gpu=1, gpu_milli=1000), 0, (3,)),
+     "gpu device 3 does not exist"),
+    (lambda: bind(ClusterState.empty([node()]), pod(node_selector={"a": "b"}), 0), "NodeAffinity"),
+    (lambda: bind(ClusterState.empty([node(taints=(Taint("k", "", "NoExecute"),))]), pod(), 0), "TaintToleration"),
+    (lambda: bind(ClusterState.empty([node(gpu_count=1, gpu_model="T4")]), pod(num_gpu=1, gpu_milli=1000, gpu_spec=("A10",)),
+                  0, (0,)), "not in gpu_spec"),
+    (lambda: _zoned((0, pod("a", labels=WEB)), (1, pod("b", pod_anti_affinity=(_term(app="web"),)))),
+     "anti-affinity (topology.kubernetes.io/zone=a) violated by default/a"),
+])
+def test_violations_found(build, needle):
+    found = violations(build())
+    assert any(needle in v for v in found), found
+
+
+# ------------------------------------------------------------------------------ property test
+
+ZONES = ("a", "b", "c")
+APPS = ("web", "db", "cache")
+
+
+def _random_selector(rng) -> LabelSelector:
+    if rng.random() < 0.7:
+        return LabelSelector(match_labels={"app": str(rng.choice(APPS))})
+    op = str(rng.choice(["In", "NotIn", "Exists", "DoesNotExist"]))
+    values = () if op in ("Exists", "DoesNotExist") else (str(rng.choice(APPS)),)
+    return LabelSelector(match_expressions=(Req("app", op, values),))
+
+
+def _random_pod(rng, name: str) -> Pod:
+    kw: dict = {"labels": {"app": str(rng.choice(APPS))}, "namespace": str(rng.choice(["default", "default", "ns2"]))}
+    if rng.random() < 0.3:
+        kw["num_gpu"], kw["gpu_milli"] = (1, int(rng.integers(1, 10)) * 100) if rng.random() < 0.5 else (int(rng.integers(1, 3)), 1000)
+        if rng.random() < 0.3:
+            kw["gpu_spec"] = (str(rng.choice(["T4", "A10"])),)
+    if rng.random() < 0.2:
+        kw["node_selector"] = {"disk": str(rng.choice(["ssd", "hdd"]))}
+    if rng.random() < 0.2:
+        kw["required_node_affinity"] = (NodeSelectorTerm((Req(ZONE_LABEL, "In", (str(rng.choice(ZONES)),)),)),)
+    if rng.random() < 0.3:
+        kw["tolerations"] = (Toleration(str(rng.choice(["dedicated", "node.kubernetes.io/unschedulable"])), "Exists"),)
+    keys = (ZONE_LABEL, HOSTNAME_LABEL, "rack")
+    if rng.random() < 0.25:
+        kw["pod_affinity"] = (PodAffinityTerm(_random_selector(rng), str(rng.choice(keys))),)
+    if rng.random() < 0.25:
+        kw["pod_anti_affinity"] = (PodAffinityTerm(_random_selector(rng), str(rng.choice(keys))),)
+    if rng.random() < 0.3:
+        kw["topology_spread"] = (TopologySpreadConstraint(
+            int(rng.integers(1, 3)), str(rng.choice(keys)), str(rng.choice(["DoNotSchedule", "ScheduleAnyway"])),
+            _random_selector(rng), int(rng.integers(1, 5))),)
+    return Pod(name=name, cpu_milli=int(rng.integers(0, 5)) * 500, memory_mib=int(rng.integers(0, 5)) * 1024, **kw)
+
+
+def _random_node(rng, name: str) -> Node:
+    labels = {"disk": str(rng.choice(["ssd", "hdd"]))}
+    if rng.random() < 0.85:
+        labels[ZONE_LABEL] = str(rng.choice(ZONES))
+    if rng.random() < 0.5:
+        labels["rack"] = f"r{int(rng.integers(0, 3))}"
+    taints = ()
+    if rng.random() < 0.25:
+        taints = (Taint("dedicated", "x", str(rng.choice(["NoSchedule", "NoExecute", "PreferNoSchedule"]))),)
+    gpus = int(rng.choice([0, 0, 1, 2, 4, 8]))
+    return Node(name=name, cpu_milli=int(rng.integers(1, 5)) * 2000, memory_mib=int(rng.integers(1, 5)) * 4096,
+                gpu_count=gpus, gpu_model=str(rng.choice(["T4", "A10"])) if gpus else "", max_pods=int(rng.integers(2, 8)),
+                labels=labels, taints=taints, unschedulable=bool(rng.random() < 0.1), ready=bool(rng.random() > 0.05))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_feasible_mask_equals_filter_node(seed):
+    rng = np.random.default_rng(seed)
+    nodes = [_random_node(rng, f"n{k}") for k in range(int(rng.integers(2, 9)))]
+    state = ClusterState.empty(nodes)
+    for k in range(int(rng.integers(0, 14))):
+        p = _random_pod(rng, f"b{k}")
+        idx = feasible_nodes(p, state)
+        if idx.size:
+            i = int(rng.choice(idx))
+            state = bind(state, p, i, choose_gpus(p, state.gpu_free()[i]))
+    assert violations(state) == []  # everything was bound through the filter
+    for k in range(12):
+        p = _random_pod(rng, f"q{k}")
+        expected = [filter_node(p, state, i).ok for i in range(state.n_nodes)]
+        assert feasible_mask(p, state).tolist() == expected
+
+
+def test_existing_anti_affinity_index_follows_bind_unbind_and_wire_roundtrip():
+    guard = pod("guard", pod_anti_affinity=(_term(HOSTNAME_LABEL, app="web"),))
+    s = _zoned((0, guard))
+    assert s.affinity_pods.tolist() == [1, 0, 0, 0]
+    web = pod("w", labels=WEB)
+    assert feasible_mask(web, s).tolist() == [False, True, True, True]
+    again = state_from_dict(state_to_dict(s))
+    assert again.affinity_pods.tolist() == [1, 0, 0, 0]
+    assert feasible_mask(web, again).tolist() == [False, True, True, True]
+    freed = unbind(s, guard.key)
+    assert freed.affinity_pods.tolist() == [0, 0, 0, 0]
+    assert feasible_mask(web, freed).tolist() == [True] * 4
+
+
+def test_tainted_index_is_built_from_nodes():
+    s = ClusterState.empty([node("a"), node("b", taints=(Taint("k", "", "PreferNoSchedule"),))])
+    assert s.tainted.tolist() == [False, True]
+    assert feasible_mask(pod(), s).tolist() == [True, True]  # PreferNoSchedule does not filter

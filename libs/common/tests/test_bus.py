@@ -1,0 +1,186 @@
+"""Bus against a real nats-server: trace headers, request/reply, JetStream durability and dedup,
+KV and Object Store."""
+import asyncio
+import hashlib
+import time
+import uuid
+
+import pytest
+from opentelemetry import trace
+
+from agmarl_common import subjects
+from agmarl_common.bus import Bus
+from agmarl_common.messages import ClusterEvent, Decision, Experience, HealthStatus, PolicySelection, decode, encode
+from agmarl_common.natsserver import NatsServer, free_port
+from agmarl_common.telemetry import extract, setup_tracing, shutdown_tracing
+
+
+def _decision(i: int, cluster: str = "sim") -> Decision:
+    return Decision(decision_id=f"d{i}", cluster=cluster, namespace="team-a", pod_key=f"team-a/p{i}", node="n0",
+                    policy="gnn", mode="full", seen_at=float(i), decided_at=float(i) + 0.01)
+
+
+async def _until(predicate, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        await asyncio.sleep(0.02)
+    return predicate()
+
+
+async def test_publish_carries_trace_context_to_consumer(nats_url, tmp_path):
+    producer_tp = setup_tracing("producer", str(tmp_path), set_global=False)
+    consumer_tp = setup_tracing("consumer", str(tmp_path), set_global=False)
+    bus = await Bus.connect(nats_url, "test-trace")
+    seen: list[tuple[str, str, str]] = []
+
+    async def on_msg(msg):
+        event = decode(ClusterEvent, msg.data)
+        with consumer_tp.get_tracer("c").start_as_current_span("consume", context=extract(msg.headers)) as span:
+            ctx = span.get_span_context()
+            seen.append((event.pod_key, format(ctx.trace_id, "032x"), msg.headers.get("Agmarl-Kind", "")))
+
+    try:
+        subject = subjects.event(f"trace-{uuid.uuid4().hex[:8]}")
+        await bus.subscribe(subject, on_msg)
+        await bus.flush()
+        event = ClusterEvent(cluster="sim", seq=1, type="pod_added", pod_key="a/p", time=1.0)
+        with producer_tp.get_tracer("p").start_as_current_span("produce") as span:
+            producer_trace = format(span.get_span_context().trace_id, "032x")
+            await bus.publish(subject, event)
+        await bus.publish(subject, event.model_copy(update={"pod_key": "a/q"}))  # no span: new trace
+        assert await _until(lambda: len(seen) == 2)
+    finally:
+        await bus.close()
+        shutdown_tracing(producer_tp)
+        shutdown_tracing(consumer_tp)
+    assert seen[0] == ("a/p", producer_trace, "event")
+    assert seen[1][1] != producer_trace
+    assert trace.get_current_span().get_span_context().is_valid is False
+
+
+async def test_request_reply(nats_url):
+    bus = await Bus.connect(nats_url, "test-rr")
+    try:
+        async def responder(msg):
+            await bus.nc.publish(msg.reply, encode(HealthStatus(service="x", status="healthy", pid=1,
+                                                                metrics_port=len(msg.data))))
+        subject = subjects.health(f"rr-{uuid.uuid4().hex[:8]}")
+        await bus.subscribe(subject, responder)
+        reply = await bus.request(subject, b"abc", HealthStatus, timeout=2.0)
+        assert (reply.service, reply.metrics_port) == ("x", 3)
+        replies = await bus.request_many(subject, b"", HealthStatus, timeout=0.3)
+        assert [r.service for r in replies] == ["x"]
+    finally:
+        await bus.close()
+
+
+async def test_decision_log_survives_nats_restart(tmp_path):
+    with NatsServer(store_dir=tmp_path / "store") as server:
+        bus = await Bus.connect(server.url, "test-restart")
+        try:
+            assert await bus.ensure_streams() == ["DECISIONS", "EXPERIENCE"]
+            assert await bus.ensure_streams() == ["DECISIONS", "EXPERIENCE"]  # idempotent
+            acks = [await bus.js_publish(subjects.decision("sim", "team-a"), _decision(i), msg_id=f"d{i}")
+                    for i in range(3)]
+            assert [a.stream for a in acks] == ["DECISIONS"] * 3 and not any(a.duplicate for a in acks)
+            dup = await bus.js_publish(subjects.decision("sim", "team-a"), _decision(0), msg_id="d0")
+            assert dup.duplicate
+            port, pid_before = server.port, server.pid
+
+            server.restart()  # same port, same store dir
+            assert server.port == port and server.pid != pid_before
+            # the client notices the restart and reconnects by itself
+            assert await _until(lambda: bus.reconnects >= 1 and bus.is_connected, timeout=10.0)
+            info = await bus.js.stream_info("DECISIONS")
+            assert info.state.messages == 3
+            sub = await bus.pull_subscribe("DECISIONS", subjects.decision_wildcard("sim"), "test-reader")
+            msgs = await sub.fetch(3, timeout=2.0)
+            for m in msgs:
+                await m.ack()
+            assert [decode(Decision, m.data).decision_id for m in msgs] == ["d0", "d1", "d2"]
+            assert msgs[0].headers["Nats-Msg-Id"] == "d0"
+        finally:
+            await bus.close()
+
+
+async def test_connect_waits_for_a_late_server_and_gives_up_when_bounded(tmp_path):
+    port = free_port()
+    with pytest.raises(ConnectionError):
+        await Bus.connect(f"nats://127.0.0.1:{port}", "test-nobody", connect_wait=0.3)
+    server = NatsServer(store_dir=tmp_path / "late", port=port)
+    connecting = asyncio.create_task(Bus.connect(server.url, "test-late", connect_wait=10.0))
+    await asyncio.sleep(0.3)
+    assert not connecting.done()
+    try:
+        await asyncio.to_thread(server.start)
+        bus = await asyncio.wait_for(connecting, 10.0)
+        assert bus.is_connected
+        await bus.close()
+    finally:
+        server.cleanup()
+
+
+async def test_experience_stream_deduplicates_by_msg_id(nats_url):
+    bus = await Bus.connect(nats_url, "test-dedup")
+    try:
+        await bus.ensure_streams()
+        cluster = f"dedup-{uuid.uuid4().hex[:8]}"
+        exp = Experience(id=uuid.uuid4().hex, cluster=cluster, state={}, action={"node": "n0"}, reward=1.0,
+                         next_state={}, time=1.0)
+        first = await bus.js_publish(subjects.experience(cluster), exp, msg_id=exp.id)
+        second = await bus.js_publish(subjects.experience(cluster), exp, msg_id=exp.id)
+        assert (first.stream, bool(first.duplicate), second.duplicate) == ("EXPERIENCE", False, True)
+        assert second.seq == first.seq
+    finally:
+        await bus.close()
+
+
+async def test_kv_put_get(nats_url):
+    bus = await Bus.connect(nats_url, "test-kv")
+    try:
+        selection = PolicySelection(policy="fgd", reason="test", time=1.0)
+        rev1 = await bus.kv_put(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY, selection)
+        rev2 = await bus.kv_put(subjects.CONFIG_BUCKET, subjects.KEY_ROLLOUT, "hybrid")
+        assert rev2 > rev1
+        assert decode(PolicySelection, await bus.kv_get(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY)) == selection
+        assert await bus.kv_get(subjects.CONFIG_BUCKET, subjects.KEY_ROLLOUT) == b"hybrid"
+        assert await bus.kv_get(subjects.CONFIG_BUCKET, "missing_key") is None
+    finally:
+        await bus.close()
+
+
+async def test_object_store_put_get(nats_url):
+    bus = await Bus.connect(nats_url, "test-obj")
+    try:
+        blob = bytes(range(256)) * 1200  # ~300 KiB: several chunks
+        name = f"model-{uuid.uuid4().hex[:8]}.onnx"
+        info = await bus.object_put(subjects.MODELS_BUCKET, name, blob, description="test model")
+        assert info.size == len(blob)
+        got = await bus.object_get(subjects.MODELS_BUCKET, name)
+        assert hashlib.sha256(got).hexdigest() == hashlib.sha256(blob).hexdigest()
+        assert name in await bus.object_list(subjects.MODELS_BUCKET)
+        assert await bus.object_get(subjects.MODELS_BUCKET, "absent.onnx") is None
+    finally:
+        await bus.close()
+
+
+@pytest.mark.parametrize("subject,label", [
+    ("agmarl.v1.decision.prod.team-a", "agmarl.v1.decision.*.*"),
+    ("agmarl.v1.graph.sim", "agmarl.v1.graph.*"),
+    ("agmarl.v1.policy_selection", "agmarl.v1.policy_selection"),
+    ("_INBOX.abc.def", "_INBOX.>"),
+])
+def test_subject_label_bounds_cardinality(subject, label):
+    assert subjects.subject_label(subject) == label
+
+
+@pytest.mark.parametrize("built,expected", [
+    (subjects.decision("prod.eu", "team a"), "agmarl.v1.decision.prod_eu.team_a"),
+    (subjects.decision_wildcard(), "agmarl.v1.decision.*.>"),
+    (subjects.pending("sim"), "agmarl.v1.pending.sim"),
+    (subjects.dead_letter("graph-builder"), "agmarl.v1.dead_letter.graph-builder"),
+])
+def test_subjects_are_single_tokens(built, expected):
+    assert built == expected

@@ -1,0 +1,109 @@
+"""Wire messages: every kind round-trips; decode rejects oversized, malformed, bad-schema, unknown version."""
+import base64
+
+import msgpack
+import numpy as np
+import pytest
+
+from agmarl_common.messages import (
+    DEAD_LETTER_PAYLOAD_BYTES, MAX_MESSAGE_BYTES, MESSAGES, ClusterEvent, ClusterSnapshot, DeadLetter, Decision,
+    DecodeError, Experience, GraphRequest, HealthStatus, ModelPublished, PendingPod, PolicySelection, Reward,
+    TrainRequest, TrainStatus, dead_letter, decode, encode)
+
+POD = {"name": "p0", "namespace": "team-a", "cpu_milli": 500, "memory_mib": 256, "gpu_count": 1}
+STATE = {"nodes": [{"name": "n0", "cpu_milli": 4000}], "bound": [[]]}
+
+SAMPLES = [
+    PendingPod(cluster="sim", pod=POD, seen_at=1.5, seq=3),
+    ClusterSnapshot(cluster="sim", seq=4, time=10.0, state=STATE, pending=[POD],
+                    stats={"cpu_util": 0.25, "pending": 1.0}),
+    ClusterEvent(cluster="sim", seq=5, type="pod_bound", pod_key="team-a/p0", node="n0", time=11.0,
+                 decision_id="d1"),
+    GraphRequest(cluster="sim", snapshot_seq=4, pod=POD, seen_at=1.5, candidates=["n0", "n1"],
+                 features={"node_x": [[0.1, 0.2], [0.3, 0.4]]}, filtered_out={"n2": "insufficient cpu"}),
+    Decision(decision_id="d1", cluster="sim", namespace="team-a", pod_key="team-a/p0", node="n0", gpus=[0],
+             policy="gnn", model_version="m3", mode="hybrid", score=0.8, scores={"n0": 0.8, "n1": 0.4},
+             model_scores={"n0": 0.9}, default_scores={"n0": 0.6}, explanation={"top": ["cpu"]},
+             trace_id="ab" * 16, seen_at=1.5, decided_at=1.6, source="extender"),
+    Reward(decision_id="d1", cluster="sim", components={"balance": 0.3, "frag": -0.1}, total=0.2,
+           scheme="default", time=12.0),
+    Experience(id="e1", cluster="sim", state=STATE, action={"node": "n0"}, reward=0.2, next_state=STATE,
+               time=12.0),
+    PolicySelection(policy="fgd", reason="drift", time=13.0, previous="gnn"),
+    TrainRequest(request_id="r1", reason="drift", evidence={"kl": 0.4}, requested_at=14.0),
+    TrainStatus(request_id="r1", status="running", detail="epoch 2", time=15.0),
+    ModelPublished(version="m4", sha256="0" * 64, object_name="m4.onnx", manifest={"metrics": {}}, time=16.0),
+    DeadLetter(service="inference", subject="agmarl.v1.graph.sim", reason="bad", kind="schema",
+               payload_b64="", size=0, time=17.0),
+    HealthStatus(service="inference", status="healthy", pid=42, metrics_port=9100, details={"up": 1}),
+]
+
+
+def test_samples_cover_every_kind():
+    assert sorted(type(m).KIND for m in SAMPLES) == sorted(MESSAGES)
+    assert all(MESSAGES[cls.KIND] is cls for cls in MESSAGES.values())
+
+
+@pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: m.KIND)
+def test_round_trip(msg):
+    data = encode(msg)
+    assert isinstance(data, bytes)
+    again = decode(type(msg), data)
+    assert again == msg
+    assert again.v == 1
+
+
+def test_numpy_values_encode_as_plain_lists():
+    msg = GraphRequest(cluster="sim", snapshot_seq=1, pod=POD, seen_at=0.0, candidates=["n0"],
+                       features={"node_x": np.arange(4, dtype=np.float32).reshape(2, 2)})
+    again = decode(GraphRequest, encode(msg))
+    assert again.features["node_x"] == [[0.0, 1.0], [2.0, 3.0]]
+
+
+def _raw(**fields):
+    return msgpack.packb(fields, use_bin_type=True)
+
+
+GOOD_EVENT = {"cluster": "sim", "seq": 1, "type": "pod_added", "time": 1.0}
+
+REJECTIONS = [
+    # (name, cls, payload, kind, text in reason)
+    ("oversized", PendingPod, b"\x80" + b" " * MAX_MESSAGE_BYTES, "oversized", "exceeds"),
+    ("not msgpack", ClusterEvent, b"\xc1\xc1", "malformed", "msgpack"),
+    ("truncated", ClusterEvent, encode(SAMPLES[2])[:-3], "malformed", "msgpack"),
+    ("not a map", ClusterEvent, msgpack.packb([1, 2]), "schema", "expected a map"),
+    ("missing field", ClusterEvent, _raw(cluster="sim", seq=1, type="pod_added"), "schema", "time"),
+    ("unknown field", ClusterEvent, _raw(**GOOD_EVENT, colour="red"), "schema", "colour"),
+    ("bad literal", ClusterEvent, _raw(**{**GOOD_EVENT, "type": "pod_exploded"}), "schema", "type"),
+    ("no coercion", ClusterEvent, _raw(**{**GOOD_EVENT, "seq": "1"}), "schema", "seq"),
+    ("unknown version", ClusterEvent, _raw(**GOOD_EVENT, v=2), "schema", "version 2"),
+]
+
+
+@pytest.mark.parametrize("name,cls,payload,kind,text", REJECTIONS, ids=[r[0] for r in REJECTIONS])
+def test_decode_rejects(name, cls, payload, kind, text):
+    with pytest.raises(DecodeError) as info:
+        decode(cls, payload)
+    assert info.value.kind == kind
+    assert text in info.value.reason
+
+
+def test_max_bytes_is_a_parameter():
+    data = encode(SAMPLES[0])
+    assert decode(PendingPod, data, max_bytes=len(data)) == SAMPLES[0]
+    with pytest.raises(DecodeError) as info:
+        decode(PendingPod, data, max_bytes=len(data) - 1)
+    assert info.value.kind == "oversized"
+
+
+def test_constructing_unknown_version_fails():
+    with pytest.raises(ValueError):
+        PolicySelection(v=2, policy="x", reason="r", time=0.0)
+
+
+def test_dead_letter_truncates_payload():
+    payload = bytes(range(256)) * 1024  # 256 KiB
+    letter = dead_letter("svc", "agmarl.v1.graph.sim", "too big", "oversized", payload, 5.0)
+    assert letter.size == len(payload)
+    assert base64.b64decode(letter.payload_b64) == payload[:DEAD_LETTER_PAYLOAD_BYTES]
+    assert decode(DeadLetter, encode(letter)) == letter

@@ -1,0 +1,248 @@
+"""ServiceRuntime middleware against a real nats-server: rejection, dead letters, metrics, tracing
+across hops, request/reply, JetStream consumers, health, and SIGTERM shutdown of a real process."""
+import asyncio
+import logging
+import textwrap
+import time
+import urllib.request
+import uuid
+
+import msgpack
+import pytest
+from opentelemetry import trace
+
+from agmarl_common import subjects
+from agmarl_common.bus import Bus, RequestError
+from agmarl_common.messages import (
+    MAX_MESSAGE_BYTES, ClusterEvent, DeadLetter, Decision, HealthStatus, PendingPod, decode, encode)
+from agmarl_common.metrics import sample
+from agmarl_common.service import HandlerContext, ServiceRuntime
+from agmarl_common.settings import CommonSettings
+from agmarl_common.telemetry import extract, read_spans, setup_tracing, shutdown_tracing
+from agmarl_common.testing import ServiceProcess, wait_healthy
+
+
+async def _until(predicate, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        await asyncio.sleep(0.02)
+    return predicate()
+
+
+def _pending(name: str, cluster: str, pad: int = 0) -> PendingPod:
+    pod = {"name": name, "namespace": "team-a", "pad": "x" * pad}
+    return PendingPod(cluster=cluster, pod=pod, seen_at=1.0, seq=1)
+
+
+@pytest.fixture
+async def harness(nats_url, tmp_path):
+    """A started runtime 'svc-<id>' handling PendingPod on its own cluster subject, a client bus and
+    the dead letters it publishes."""
+    name = f"svc-{uuid.uuid4().hex[:6]}"
+    cluster = f"c{uuid.uuid4().hex[:6]}"
+    rt = ServiceRuntime(name, CommonSettings(nats_url=nats_url, cluster=cluster, trace_dir=str(tmp_path)))
+    seen: list[tuple[PendingPod, HandlerContext]] = []
+
+    @rt.handle(subjects.pending(cluster), PendingPod, queue=name)
+    async def on_pending(msg: PendingPod, ctx: HandlerContext) -> None:
+        if msg.pod["name"] == "boom":
+            raise RuntimeError("handler exploded")
+        seen.append((msg, ctx))
+        await ctx.publish(subjects.event(cluster), ClusterEvent(cluster=cluster, seq=msg.seq, type="pod_added",
+                                                                pod_key=f"team-a/{msg.pod['name']}", time=2.0))
+
+    await rt.start()
+    client = await Bus.connect(nats_url, "test-client")
+    letters: list[DeadLetter] = []
+
+    async def on_letter(m):
+        letters.append(decode(DeadLetter, m.data))
+
+    await client.subscribe(subjects.dead_letter(name), on_letter)
+    await client.flush()
+    try:
+        yield rt, client, seen, letters, cluster
+    finally:
+        await client.close()
+        await rt.shutdown()
+
+
+def _rejected(rt, reason):
+    return sample(rt.registry, "agmarl_messages_rejected_total",
+                  {"service": rt.name, "subject": "agmarl.v1.pending.*", "reason": reason})
+
+
+async def test_bad_messages_are_rejected_counted_dead_lettered_and_service_survives(harness, caplog):
+    rt, client, seen, letters, cluster = harness
+    subject = subjects.pending(cluster)
+    before = {r: _rejected(rt, r) for r in ("oversized", "malformed", "schema")}
+    caplog.set_level(logging.WARNING, logger=f"agmarl.{rt.name}")
+
+    await client.publish(subject, _pending("good-1", cluster))
+    await client.publish(subject, b"\xc1\xc1 not msgpack")
+    await client.publish(subject, msgpack.packb({"cluster": cluster, "pod": {}, "seq": "one"}))
+    oversized = encode(_pending("huge", cluster, pad=MAX_MESSAGE_BYTES))
+    assert len(oversized) > MAX_MESSAGE_BYTES
+    await client.publish(subject, oversized)
+    await client.publish(subject, _pending("good-2", cluster))
+
+    assert await _until(lambda: len(seen) == 2 and len(letters) == 3)
+    assert [m.pod["name"] for m, _ in seen] == ["good-1", "good-2"]
+    assert {r: _rejected(rt, r) - before[r] for r in before} == {"oversized": 1, "malformed": 1, "schema": 1}
+    assert sorted(dl.kind for dl in letters) == ["malformed", "oversized", "schema"]
+    assert all(dl.service == rt.name and dl.subject == subject for dl in letters)
+    big = next(dl for dl in letters if dl.kind == "oversized")
+    assert big.size == len(oversized) and len(big.payload_b64) <= 4 * (64 * 1024) // 3 + 4
+    assert sample(rt.registry, "agmarl_messages_received_total",
+                  {"service": rt.name, "subject": "agmarl.v1.pending.*"}) == 2
+    assert sample(rt.registry, "agmarl_dead_letters_total", {"service": rt.name}) == 3
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    for kind in ("oversized", "malformed", "schema"):
+        assert any(f"service={rt.name}" in w and f"subject={subject}" in w and f"kind={kind}" in w
+                   for w in warnings), kind
+
+    # the service keeps handling good messages afterwards
+    await client.publish(subject, _pending("good-3", cluster))
+    assert await _until(lambda: len(seen) == 3)
+
+
+async def test_handler_exception_is_dead_lettered_and_not_fatal(harness):
+    rt, client, seen, letters, cluster = harness
+    await client.publish(subjects.pending(cluster), _pending("boom", cluster))
+    assert await _until(lambda: len(letters) == 1)
+    assert letters[0].kind == "handler_error" and "handler exploded" in letters[0].reason
+    assert sample(rt.registry, "agmarl_handler_errors_total",
+                  {"service": rt.name, "subject": "agmarl.v1.pending.*"}) == 1
+    await client.publish(subjects.pending(cluster), _pending("after", cluster))
+    assert await _until(lambda: len(seen) == 1)
+
+
+async def test_trace_continues_through_the_handler(harness, tmp_path):
+    rt, client, seen, letters, cluster = harness
+    onward: list[str] = []
+
+    async def on_event(m):
+        onward.append(format(trace.get_current_span(extract(m.headers)).get_span_context().trace_id, "032x"))
+
+    await client.subscribe(subjects.event(cluster), on_event)
+    await client.flush()
+    producer = setup_tracing("producer", str(tmp_path), set_global=False)
+    try:
+        with producer.get_tracer("p").start_as_current_span("produce pending") as span:
+            trace_id = format(span.get_span_context().trace_id, "032x")
+            await client.publish(subjects.pending(cluster), _pending("traced", cluster))
+        assert await _until(lambda: len(seen) == 1 and len(onward) == 1)
+    finally:
+        shutdown_tracing(producer)
+    assert seen[0][1].trace_id == trace_id   # the handler's span is a child of the producer's
+    assert onward == [trace_id]              # and what the handler published carries the same trace
+    rt.tracer_provider.force_flush()
+    spans = [s for s in read_spans(tmp_path) if s["trace_id"] == trace_id]
+    assert {s["name"] for s in spans} == {"produce pending", f"{rt.name} pending_pod"}
+
+
+async def test_health_request_reply_and_metrics_endpoint(harness):
+    rt, client, seen, letters, cluster = harness
+    status = await client.request(subjects.health(rt.name), b"", HealthStatus, timeout=2.0)
+    assert (status.service, status.status, status.metrics_port) == (rt.name, "healthy", rt.metrics_port)
+    assert status.details["cluster"] == cluster
+
+    rt.add_health_check(lambda: "model not loaded")
+    status = await client.request(subjects.health(rt.name), b"", HealthStatus, timeout=2.0)
+    assert status.status == "model not loaded"
+    everyone = await client.request_many(subjects.health_all(), b"", HealthStatus, timeout=0.3)
+    assert rt.name in {s.service for s in everyone}
+
+    await client.publish(subjects.pending(cluster), b"junk")
+    assert await _until(lambda: len(letters) == 1)
+    body = await asyncio.to_thread(
+        lambda: urllib.request.urlopen(f"http://127.0.0.1:{rt.metrics_port}/metrics", timeout=2).read().decode())
+    assert f'agmarl_messages_rejected_total{{reason="malformed",service="{rt.name}",subject="agmarl.v1.pending.*"}} 1.0' in body
+    assert "# TYPE agmarl_message_handling_duration_seconds histogram" in body
+
+
+async def test_request_handler_replies_and_rejects(nats_url):
+    name = f"rr-{uuid.uuid4().hex[:6]}"
+    rt = ServiceRuntime(name, CommonSettings(nats_url=nats_url))
+    subject = f"agmarl.v1.score.{name}"
+
+    @rt.handle_request(subject, PendingPod, HealthStatus)
+    async def score(msg: PendingPod, ctx: HandlerContext) -> HealthStatus:
+        return HealthStatus(service=name, status=msg.pod["name"], pid=0, metrics_port=0)
+
+    async with rt:
+        client = await Bus.connect(nats_url, "rr-client")
+        try:
+            reply = await client.request(subject, _pending("echo", "sim"), HealthStatus, timeout=2.0)
+            assert reply.status == "echo"
+            with pytest.raises(RequestError):
+                await client.request(subject, b"\xc1", HealthStatus, timeout=2.0)
+        finally:
+            await client.close()
+
+
+async def test_stream_handler_acks_terms_and_retries(nats_url):
+    name = f"js-{uuid.uuid4().hex[:6]}"
+    cluster = f"js{uuid.uuid4().hex[:6]}"
+    rt = ServiceRuntime(name, CommonSettings(nats_url=nats_url, cluster=cluster))
+    handled: list[tuple[str, int]] = []
+
+    @rt.handle_stream(subjects.DECISIONS, subjects.decision_wildcard(cluster), f"{name}-log", Decision,
+                      max_deliver=2, ack_wait=5.0)
+    async def on_decision(msg: Decision, ctx: HandlerContext) -> None:
+        handled.append((msg.decision_id, 0))
+        if msg.decision_id == "flaky":
+            raise ValueError("always fails")
+
+    client = await Bus.connect(nats_url, "js-client")
+    letters: list[DeadLetter] = []
+
+    async def on_letter(m):
+        letters.append(decode(DeadLetter, m.data))
+
+    await client.subscribe(subjects.dead_letter(name), on_letter)
+    async with rt:
+        try:
+            def decision(i):
+                return Decision(decision_id=i, cluster=cluster, namespace="ns", pod_key="ns/p", policy="p",
+                                mode="full", seen_at=0.0, decided_at=0.0)
+            await client.js_publish(subjects.decision(cluster, "ns"), decision("ok-1"), msg_id=f"{cluster}-1")
+            await client.js_publish(subjects.decision(cluster, "ns"), b"\x93garbage", msg_id=f"{cluster}-2")
+            await client.js_publish(subjects.decision(cluster, "ns"), decision("flaky"), msg_id=f"{cluster}-3")
+            assert await _until(lambda: len(letters) == 2, timeout=8.0)
+            assert sorted(dl.kind for dl in letters) == ["handler_error", "malformed"]
+            assert [h[0] for h in handled].count("flaky") == 2  # redelivered once, then given up
+            info = await client.js.consumer_info("DECISIONS", f"{name}-log")
+            assert info.num_ack_pending == 0 and info.num_pending == 0
+        finally:
+            await client.close()
+
+
+ECHO_SERVICE = textwrap.dedent('''
+    from agmarl_common.service import ServiceRuntime, run_service
+    from agmarl_common.settings import CommonSettings, load_settings
+
+    async def main() -> int:
+        runtime = ServiceRuntime("echo-proc", load_settings(CommonSettings))
+        return await runtime.run_until_stopped()
+
+    if __name__ == "__main__":
+        run_service(main)
+''')
+
+
+async def test_service_process_stops_cleanly_on_sigterm(nats_url, tmp_path):
+    (tmp_path / "echo_proc.py").write_text(ECHO_SERVICE)
+    proc = ServiceProcess("echo_proc", env={"PYTHONPATH": str(tmp_path), "AGMARL_NATS_URL": nats_url},
+                          log_path=tmp_path / "echo.log", cwd=tmp_path).start()
+    client = await Bus.connect(nats_url, "proc-client")
+    try:
+        status = await wait_healthy(client, "echo-proc", timeout=20.0, proc=proc)
+        assert status.pid == proc.pid and status.metrics_port > 0
+    finally:
+        await client.close()
+        code = proc.stop(timeout=10.0)
+    assert code == 0, proc.output()
+    assert "service stopped service=echo-proc" in proc.output()

@@ -1,0 +1,108 @@
+"""inference: graph requests in, decisions out (to the JetStream decision log), with the active
+policy chosen by the adaptive-engine through the KV store."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from agmarl_common import messages as m
+from agmarl_common import subjects
+from agmarl_common.cluster.model import pod_from_dict
+from agmarl_common.graph import state_from_features
+from agmarl_common.policies.registry import get_policy
+from agmarl_common.service import HandlerContext, ServiceRuntime
+from agmarl_common.settings import load_settings
+from agmarl_inference.decide import decide
+from agmarl_inference.settings import InferenceSettings
+
+SERVICE = "inference"
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class InferenceApp:
+    def __init__(self, rt: ServiceRuntime, settings: InferenceSettings):
+        self.rt = rt
+        self.settings = settings
+        self.default = get_policy(settings.baseline_policy)
+        self.policy = self.default
+        self.model_version = ""
+        self.mode = settings.rollout_mode
+        reg = rt.registry
+        self.decisions = Counter("agmarl_decisions_total", "Scheduling decisions",
+                                 ["policy", "mode", "source", "result"], registry=reg)
+        self.attempts = Counter("scheduler_schedule_attempts_total", "Scheduling attempts, kube-scheduler naming",
+                                ["result", "profile"], registry=reg)
+        self.latency = Histogram("agmarl_decision_latency_seconds", "Pending pod seen -> decision published",
+                                 buckets=LATENCY_BUCKETS, registry=reg)
+        self.active = Gauge("agmarl_active_policy_info", "Active policy (value 1)",
+                            ["policy", "model_version", "mode"], registry=reg)
+        self._set_active_gauge()
+
+    def _set_active_gauge(self) -> None:
+        self.active.clear()
+        self.active.labels(policy=self.policy.name, model_version=self.model_version or "none", mode=self.mode).set(1)
+
+    def select(self, sel: m.PolicySelection) -> None:
+        try:
+            policy = get_policy(sel.policy)
+        except (KeyError, ValueError) as exc:
+            self.rt.log.warning("policy selection %r rejected: %s; keeping %s", sel.policy, exc, self.policy.name)
+            return
+        self.policy, self.model_version, self.mode = policy, sel.model_version, sel.mode or self.mode
+        self.rt.log.info("active policy now %s (version %s, mode %s): %s", policy.name, sel.model_version or "-",
+                         self.mode, sel.reason)
+        self._set_active_gauge()
+
+    async def on_policy(self, msg: m.PolicySelection, ctx: HandlerContext) -> None:
+        self.select(msg)
+
+    async def on_graph(self, msg: m.GraphRequest, ctx: HandlerContext) -> None:
+        if msg.cluster != self.settings.cluster:
+            return
+        pod = pod_from_dict(msg.pod)
+        state = state_from_features(msg.features)
+        choice = decide(pod, state, self.policy, self.default, self.mode, self.settings.hybrid_model_weight,
+                        msg.filtered_out)
+        decided_at = time.time()
+        result = "scheduled" if choice.node else "unschedulable"
+        span = ctx.span
+        span.set_attribute("agmarl.pod", pod.key)
+        span.set_attribute("agmarl.node", choice.node)
+        span.set_attribute("agmarl.policy", self.policy.name)
+        trace_id = format(span.get_span_context().trace_id, "032x") if span.get_span_context().is_valid else ""
+        decision = m.Decision(
+            decision_id=uuid.uuid4().hex, cluster=msg.cluster, namespace=pod.namespace, pod_key=pod.key,
+            node=choice.node, gpus=list(choice.gpus), policy=self.policy.name, model_version=self.model_version,
+            mode=self.mode, score=choice.score, scores=choice.scores, model_scores=choice.model_scores,
+            default_scores=choice.default_scores, explanation=choice.explanation, trace_id=trace_id,
+            seen_at=msg.seen_at, decided_at=decided_at, source="loop")
+        await ctx.publish(subjects.decision(msg.cluster, pod.namespace), decision, js=True,
+                          msg_id=decision.decision_id)
+        self.decisions.labels(policy=self.policy.name, mode=self.mode, source="loop", result=result).inc()
+        self.attempts.labels(result=result, profile="agmarl").inc()
+        self.latency.observe(max(0.0, decided_at - msg.seen_at))
+
+
+async def load_active_policy(rt: ServiceRuntime, app: InferenceApp) -> None:
+    """Read the adaptive-engine's current selection from the KV store (absent -> keep the baseline)."""
+    raw = await rt.bus.kv_get(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY)
+    if raw:
+        app.select(m.decode(m.PolicySelection, raw))
+
+
+async def main() -> int:
+    settings = load_settings(InferenceSettings)
+    rt = ServiceRuntime(SERVICE, settings)
+    app = InferenceApp(rt, settings)
+    rt.handle(subjects.graph(settings.cluster), m.GraphRequest, queue=settings.queue_group)(app.on_graph)
+    rt.handle(subjects.policy_selection(), m.PolicySelection)(app.on_policy)
+    await rt.start()
+    await rt.bus.ensure_streams()
+    try:
+        await load_active_policy(rt, app)
+    except Exception as exc:  # noqa: BLE001 - no KV yet is normal at first start
+        rt.log.info("no active policy in KV yet (%s); using %s", exc, app.policy.name)
+    return await rt.run_until_stopped()

@@ -1,0 +1,136 @@
+"""state-collector: wires the cluster source to subjects.
+
+Simulator source: every tick the simulated cluster advances; events, a snapshot and the pods that
+need a decision are published. Each newly pending pod starts a trace (the decision's root span)
+that graph-builder and inference continue through the NATS headers. Decisions bind pods in the
+simulator; the simulator re-checks the hard filter before binding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from prometheus_client import Counter, Gauge
+
+from agmarl_common import messages as m
+from agmarl_common import subjects
+from agmarl_common.cluster.filters import violations
+from agmarl_common.cluster.model import state_to_dict, to_dict
+from agmarl_common.reward import balance_std, utilisation_by_resource
+from agmarl_common.service import HandlerContext, ServiceRuntime
+from agmarl_common.settings import load_settings
+from agmarl_state_collector.settings import CollectorSettings
+from agmarl_state_collector.simsource import SimulatedCluster
+
+SERVICE = "state-collector"
+
+
+class CollectorApp:
+    def __init__(self, rt: ServiceRuntime, settings: CollectorSettings, sim: SimulatedCluster):
+        self.rt = rt
+        self.settings = settings
+        self.sim = sim
+        self.seq = 0
+        self.violations = 0
+        reg = rt.registry
+        self.bound_total = Counter("agmarl_pods_bound_total", "Pods bound in the cluster", registry=reg)
+        self.rejected_total = Counter("agmarl_bind_rejected_total", "Decisions refused by the hard filter at bind",
+                                      registry=reg)
+        self.pending_gauge = Gauge("agmarl_pending_pods", "Pods waiting for a node", registry=reg)
+        self.sched_pending = Gauge("scheduler_pending_pods", "Pending pods, kube-scheduler naming", ["queue"],
+                                   registry=reg)
+        self.util_gauge = Gauge("agmarl_cluster_utilisation_ratio", "Requested / allocatable", ["resource"],
+                                registry=reg)
+        self.balance_gauge = Gauge("agmarl_cluster_balance_std", "Std of node utilisation", registry=reg)
+        self.violations_gauge = Gauge("agmarl_constraint_violations", "Hard-constraint violations in the state",
+                                      registry=reg)
+
+    async def on_decision(self, msg: m.Decision, ctx: HandlerContext) -> None:
+        if msg.cluster != self.settings.cluster:
+            return
+        now = time.time()
+        if not msg.node:
+            self.sim.unschedulable(msg.pod_key, now)
+            return
+        outcome = self.sim.bind(msg.pod_key, msg.node, tuple(msg.gpus) if msg.gpus else None, now)
+        ctx.span.set_attribute("agmarl.bind.ok", outcome.ok)
+        if outcome.ok:
+            self.bound_total.inc()
+            etype = "pod_bound"
+        else:
+            self.rejected_total.inc()
+            etype = "bind_rejected"
+            ctx.span.set_attribute("agmarl.bind.reason", outcome.reason)
+            self.rt.log.info("bind refused pod=%s node=%s reason=%s (will retry)", msg.pod_key, msg.node,
+                             outcome.reason)
+        await ctx.publish(subjects.event(self.settings.cluster), m.ClusterEvent(
+            cluster=self.settings.cluster, seq=self.seq, type=etype, pod_key=msg.pod_key, node=msg.node,
+            reason=outcome.reason, time=self.sim.state.time, decision_id=msg.decision_id))
+
+    async def tick(self) -> None:
+        s = self.settings
+        events = self.sim.advance(s.tick_seconds * s.sim_time_scale)
+        cluster = s.cluster
+        for ev in events:
+            if ev.type == "pod_bound":
+                continue  # published when the decision is applied
+            await self.rt.publish(subjects.event(cluster), m.ClusterEvent(
+                cluster=cluster, seq=self.seq, type=ev.type, pod_key=ev.pod_key, node=ev.node,
+                reason=ev.reason, time=ev.time))
+        await self.publish_snapshot()
+        now = time.time()
+        for pod in self.sim.due(now):
+            with self.rt.tracer.start_as_current_span(f"{SERVICE} pending_pod_seen") as span:
+                span.set_attribute("agmarl.pod", pod.key)
+                span.set_attribute("agmarl.cluster", cluster)
+                await self.rt.publish(subjects.pending(cluster), m.PendingPod(
+                    cluster=cluster, pod=to_dict(pod), seen_at=now, seq=self.seq))
+
+    async def publish_snapshot(self) -> None:
+        state = self.sim.state
+        cluster = state.cluster
+        self.seq += 1
+        found = violations(cluster)
+        self.violations = max(self.violations, len(found))
+        util = utilisation_by_resource(cluster)
+        stats = {f"utilisation_{k}": v for k, v in util.items()}
+        stats.update(balance=balance_std(cluster), pending=float(len(state.pending)),
+                     violations=float(len(found)), bound=float(sum(len(b) for b in cluster.bound)))
+        stats.update({k: float(v) for k, v in state.counters.as_dict().items()})
+        for k, v in util.items():
+            self.util_gauge.labels(resource=k).set(v)
+        self.balance_gauge.set(stats["balance"])
+        self.pending_gauge.set(stats["pending"])
+        self.sched_pending.labels(queue="active").set(stats["pending"])
+        self.violations_gauge.set(len(found))
+        await self.rt.publish(subjects.snapshot(self.settings.cluster), m.ClusterSnapshot(
+            cluster=self.settings.cluster, seq=self.seq, time=state.time, state=state_to_dict(cluster),
+            pending=[to_dict(p) for p in state.pending_pods()], stats=stats))
+
+    async def run_loop(self) -> None:
+        """Tick forever; the runtime cancels this task at shutdown."""
+        period = self.settings.tick_seconds
+        while True:
+            started = time.monotonic()
+            try:
+                await self.tick()
+            except Exception:  # noqa: BLE001 - the loop must survive a bad tick; the log has the traceback
+                self.rt.log.exception("tick failed")
+            await asyncio.sleep(max(0.0, period - (time.monotonic() - started)))
+
+
+async def main() -> int:
+    settings = load_settings(CollectorSettings)
+    rt = ServiceRuntime(SERVICE, settings)
+    if settings.source != "simulator":
+        rt.log.error("source %r is not available in this version (only 'simulator')", settings.source)
+        return 2
+    sim = SimulatedCluster.create(settings.sim_nodes, settings.sim_zones, settings.sim_workload,
+                                  settings.sim_rate, settings.sim_seed, settings.chunk_seconds,
+                                  settings.retry_seconds)
+    app = CollectorApp(rt, settings, sim)
+    rt.handle(subjects.decision_wildcard(settings.cluster), m.Decision)(app.on_decision)
+    await rt.start()
+    rt.spawn(app.run_loop(), name="simulator-loop")
+    return await rt.run_until_stopped()

@@ -1,0 +1,105 @@
+"""The simulated cluster source: the pure dynamic simulator driven by wall-clock ticks.
+
+Holds the simulator state, advances it, tells the app which pods need a decision, and applies
+decisions that arrive over the bus (the simulator's bind re-checks the hard filter, so an infeasible
+decision is refused, never applied).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from agmarl_common.cluster.model import Pod
+from agmarl_common.sim import dynamic, synthetic
+
+
+@dataclass
+class Announce:
+    """Bookkeeping for a pod that was published as pending."""
+
+    at: float  # wall time of the last announcement
+    attempts: int = 0
+    retry_after: float = 0.0
+
+
+@dataclass
+class SimulatedCluster:
+    nodes: list
+    workload: str
+    rate: float | None
+    seed: int
+    chunk_seconds: float
+    retry_seconds: float
+    config: dynamic.SimConfig = field(default_factory=dynamic.SimConfig)
+    state: dynamic.SimState | None = None
+    chunk: int = 0
+    announced: dict[str, Announce] = field(default_factory=dict)
+
+    @classmethod
+    def create(cls, n_nodes: int, zones: int, workload: str, rate: float | None, seed: int,
+               chunk_seconds: float, retry_seconds: float) -> "SimulatedCluster":
+        nodes = synthetic.synthetic_cluster(n_nodes=n_nodes, zones=zones, seed=seed)
+        sim = cls(nodes=nodes, workload=workload, rate=rate, seed=seed, chunk_seconds=chunk_seconds,
+                  retry_seconds=retry_seconds)
+        sim.state = dynamic.reset(nodes, sim._next_chunk(), sim.config, seed)
+        return sim
+
+    def _next_chunk(self) -> list[Pod]:
+        """The next ``chunk_seconds`` of synthetic workload, with unique names and shifted times."""
+        offset = self.chunk * self.chunk_seconds
+        pods = synthetic.generate(self.workload, self.nodes, horizon_s=self.chunk_seconds, rate=self.rate,
+                                  seed=self.seed + self.chunk)
+        out = [replace(p, name=f"c{self.chunk}-{p.name}", creation_time=p.creation_time + offset) for p in pods]
+        self.chunk += 1
+        return out
+
+    def advance(self, sim_dt: float) -> list[dynamic.SimEvent]:
+        assert self.state is not None
+        if self.state.time + sim_dt >= (self.chunk - 0.5) * self.chunk_seconds:
+            self.state = add_workload(self.state, self._next_chunk())
+        self.state, events = dynamic.advance(self.state, sim_dt, self.config)
+        live = set(self.state.pending)
+        for key in list(self.announced):
+            if key not in live:
+                del self.announced[key]
+        return events
+
+    def due(self, now: float) -> list[Pod]:
+        """Pending pods that need a (new) decision now."""
+        assert self.state is not None
+        out = []
+        for pod in self.state.pending_pods():
+            a = self.announced.get(pod.key)
+            if a is None or (a.retry_after and now >= a.retry_after) or now - a.at > 10 * self.retry_seconds:
+                self.announced[pod.key] = Announce(at=now, attempts=(a.attempts + 1 if a else 1))
+                out.append(pod)
+        return out
+
+    def unschedulable(self, pod_key: str, now: float) -> None:
+        a = self.announced.get(pod_key)
+        if a is not None:
+            a.retry_after = now + self.retry_seconds
+
+    def bind(self, pod_key: str, node: str, gpus: tuple[int, ...] | None, now: float) -> dynamic.BindOutcome:
+        """Bind as decided; the GPU devices are a hint (as with a device plugin, the node picks when
+        the hinted devices were taken meanwhile). A refused pod is offered again at the next tick."""
+        assert self.state is not None
+        state, outcome = dynamic.bind(self.state, pod_key, node, gpus)
+        if not outcome.ok and gpus:
+            retry_state, retry = dynamic.bind(self.state, pod_key, node, None)
+            if retry.ok:
+                state, outcome = retry_state, retry
+        self.state = state
+        if not outcome.ok:
+            a = self.announced.get(pod_key)
+            if a is not None:
+                a.retry_after = now  # re-announce at the next tick, against fresher state
+        return outcome
+
+
+def add_workload(state: dynamic.SimState, pods: list[Pod]) -> dynamic.SimState:
+    """Append later arrivals to the simulator's workload (times must not precede what is queued)."""
+    later = tuple(sorted(pods, key=lambda p: p.creation_time))
+    if later and state.workload and later[0].creation_time < state.workload[-1].creation_time:
+        raise ValueError("appended workload starts before the current workload ends")
+    return replace(state, workload=state.workload + later)

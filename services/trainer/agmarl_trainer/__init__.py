@@ -1,0 +1,1 @@
+"""trainer: answers train requests; trains, evaluates and publishes models (torch lives here only)."""
