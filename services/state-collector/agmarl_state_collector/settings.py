@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from agmarl_common.cluster.model import AGMARL_SCHEDULER
 from agmarl_common.settings import CommonSettings
 
 
@@ -16,3 +17,15 @@ class CollectorSettings(CommonSettings):
     tick_seconds: float = 0.25  # wall seconds between simulator steps / snapshots
     chunk_seconds: float = 600.0  # simulated seconds of workload generated at a time
     retry_seconds: float = 2.0  # re-announce a pod left pending (no decision or unschedulable) after this
+    # --- source "kubernetes" (k8sapp / k8ssource) ---
+    kubeconfig: str = ""  # path; empty = $KUBECONFIG, else in-cluster config, else ~/.kube/config
+    kube_context: str = ""  # kubeconfig context; empty = the current one
+    batch_scheduler_name: str = AGMARL_SCHEDULER  # pending pods naming this scheduler are published as PendingPod
+    watch_timeout_seconds: int = 300  # server-side watch timeout (the watch then resumes from the last rv)
+    watch_request_timeout: float = 30.0  # connect timeout and read slack, seconds
+    watch_backoff_base: float = 0.5  # reconnect backoff: base * 2^failures with jitter, capped
+    watch_backoff_max: float = 30.0
+    watch_queue_size: int = 1000  # watch thread -> event loop hand-off (a full queue blocks the watch)
+    snapshot_min_interval: float = 0.5  # debounce: at most one snapshot per this many seconds
+    snapshot_resync_seconds: float = 10.0  # publish a snapshot at least this often, changed or not
+    pending_retry_seconds: float = 10.0  # re-publish a pod still pending after this long

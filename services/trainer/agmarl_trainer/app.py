@@ -7,6 +7,7 @@ rejected with that reason, never reported as done.
 from __future__ import annotations
 
 import time
+from collections import deque
 
 from prometheus_client import Counter
 
@@ -26,6 +27,15 @@ class TrainerApp:
         self.settings = settings
         self.requests = Counter("agmarl_trainer_requests_total", "Train requests received", ["status"],
                                 registry=rt.registry)
+        self.experience: deque[m.Experience] = deque(maxlen=settings.experience_buffer)
+        self.experience_total = Counter("agmarl_trainer_experience_total", "Experience transitions received",
+                                        registry=rt.registry)
+
+    async def on_experience(self, msg: m.Experience, ctx: HandlerContext) -> None:
+        """Keep recent transitions (bounded) for fine-tuning; the stream is durable, so none is lost
+        while the trainer is down."""
+        self.experience.append(msg)
+        self.experience_total.inc()
 
     def answer(self, req: m.TrainRequest) -> m.TrainStatus:
         self.requests.labels(status="rejected").inc()
@@ -43,5 +53,9 @@ async def main() -> int:
     rt = ServiceRuntime(SERVICE, settings)
     app = TrainerApp(rt, settings)
     rt.handle_request(subjects.train_request(), m.TrainRequest, m.TrainStatus)(app.on_request)
+    rt.handle_stream(subjects.EXPERIENCE, subjects.experience(settings.cluster), f"trainer-{subjects.token(settings.cluster)}",
+                     m.Experience)(
+        app.on_experience)
+    rt.health_details = lambda: {"experience_buffered": len(app.experience)}
     await rt.start()
     return await rt.run_until_stopped()

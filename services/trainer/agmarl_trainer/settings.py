@@ -6,4 +6,4 @@ from agmarl_common.settings import CommonSettings
 
 
 class TrainerSettings(CommonSettings):
-    pass
+    experience_buffer: int = 100_000  # recent transitions kept in memory for fine-tuning

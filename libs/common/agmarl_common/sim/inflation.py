@@ -37,8 +37,8 @@ MAX_ARRIVED_PCT = 130
 def inflate_workload(workload: Sequence[Pod], total_gpu_milli: int, rng: np.random.Generator,
                      ratio: float = 1.3) -> tuple[Pod, ...]:
     """The arrival sequence: shuffled workload, tuned to ``ratio`` x ``total_gpu_milli`` GPU requests."""
-    if not workload:
-        raise ValueError("inflate_workload: empty workload")
+    if not any(p.gpu_milli_total > 0 for p in workload):
+        raise ValueError("inflate_workload: the workload requests no GPU, nothing to inflate to")
     base = sorted(workload, key=lambda p: p.name)
     pods = [base[i] for i in rng.permutation(len(base))]
     target = ratio * total_gpu_milli

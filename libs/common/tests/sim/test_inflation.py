@@ -37,8 +37,9 @@ def test_inflate_removes_pods_when_the_workload_is_too_big():
     pods = inflate_workload(WORKLOAD, 2000, np.random.default_rng(0), ratio=1.0)
     assert sum(p.gpu_milli_total for p in pods) <= 2000
     assert all("-tuned-" not in p.name for p in pods) and len(pods) < len(WORKLOAD)
-    with pytest.raises(ValueError):
-        inflate_workload((), 1000, np.random.default_rng(0))
+    for bad in ((), (pod("cpu-only"),)):
+        with pytest.raises(ValueError, match="no GPU"):
+            inflate_workload(bad, 1000, np.random.default_rng(0))
 
 
 def test_binned_mean_rounds_half_to_even_and_falls_back_to_neighbours():
