@@ -61,6 +61,7 @@ class System:
             "AGMARL_TRACE_DIR": str(self.trace_dir),
             "OTEL_SERVICE_NAME": service,
             "PYTHONUNBUFFERED": "1",
+            "AGMARL_PARENT_PID": str(os.getpid()),
         })
         env.update(extra or {})
         return env

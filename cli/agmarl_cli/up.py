@@ -46,7 +46,7 @@ async def run_up(duration: float | None, summary_path: str | None, view: bool, e
     system.root.mkdir(parents=True, exist_ok=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
     bus: Bus | None = None
     mon = Monitor(cluster=cluster)
@@ -78,8 +78,8 @@ async def run_up(duration: float | None, summary_path: str | None, view: bool, e
                 await asyncio.wait_for(stop.wait(), timeout=1.0)
             except asyncio.TimeoutError:
                 pass
-        if bus is not None:
-            services = await check_health(bus, SERVICES)
+        if bus is not None and bus.is_connected:
+            services = await check_health(bus, SERVICES, timeout=1.0)
     finally:
         elapsed = time.monotonic() - started
         if bus is not None:

@@ -113,10 +113,10 @@ def parse_quantity(value: str | int | float) -> Fraction:
         raise KubeConvertError(f"quantity {value!r} is not a Kubernetes quantity")
     sign, number, suffix = m.groups()
     amount = Fraction(number)
-    if suffix and suffix[0] in "eE" and len(suffix) > 1:
-        amount *= Fraction(10) ** int(suffix[1:])
-    else:
+    if suffix in _SUFFIX:
         amount *= _SUFFIX[suffix]
+    else:  # decimal exponent: e3, E-2, e+1
+        amount *= Fraction(10) ** int(suffix[1:])
     return -amount if sign == "-" else amount
 
 

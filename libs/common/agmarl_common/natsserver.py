@@ -103,7 +103,9 @@ class NatsServer:
         cmd = [self.binary, "-c", str(conf), "-a", self.host, "-p", str(self.port),
                "-js", "-sd", str(self.store_dir)]
         self._log = open(self.log_path, "ab")
-        self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        # its own session: a Ctrl-C meant for the supervisor must not kill NATS before the services stop
+        self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      start_new_session=True)
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:

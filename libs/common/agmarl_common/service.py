@@ -72,6 +72,16 @@ class _Registration:
     consumer: dict[str, Any] = field(default_factory=dict)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class ServiceRuntime:
     """One service process: ``start()``, register handlers, ``await run_until_stopped()``."""
 
@@ -145,6 +155,8 @@ class ServiceRuntime:
         for reg in list(self._registrations):
             await self._subscribe(reg)
         self._started = True
+        if self.settings.parent_pid:
+            self.spawn(self._watch_parent(self.settings.parent_pid), name="parent-watchdog")
         self.log.info("service started service=%s pid=%d metrics_port=%d nats=%s handlers=%d",
                       self.name, os.getpid(), self.metrics_port, self.settings.nats_url, len(self._registrations))
 
@@ -161,6 +173,15 @@ class ServiceRuntime:
             sub = await self.bus.durable_subscribe(name, reg.subject, reg.durable or self.name, on_msg,
                                                    queue=reg.queue, **reg.consumer)
         self._subscriptions.append(sub)
+
+    async def _watch_parent(self, pid: int, interval: float = 1.0) -> None:
+        """Stop when the supervising process is gone (killed, terminal closed): no orphans."""
+        while True:
+            await asyncio.sleep(interval)
+            if os.getppid() != pid and not _alive(pid):
+                self.log.warning("parent process %d is gone; stopping service=%s", pid, self.name)
+                self.request_stop()
+                return
 
     def request_stop(self, sig: int | None = None) -> None:
         """Ask ``run_until_stopped`` to return (what SIGTERM/SIGINT do)."""

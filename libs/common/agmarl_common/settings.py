@@ -35,6 +35,7 @@ class CommonSettings(BaseModel):
     trace_dir: str | None = None
     max_message_bytes: int = MAX_MESSAGE_BYTES
     log_level: str = "INFO"
+    parent_pid: int = 0  # when set (by `agmarl up`), the service stops itself if that process goes away
 
 
 def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:

@@ -96,7 +96,7 @@ class StandInApiServer:
         self.oldest_rv = self.rv  # watches from below this get 410 Gone
         self.bindings: list[tuple[str, str]] = []  # (namespace/name, node) accepted
         self.requests: list[Request] = []
-        self._fail_watches: list[int] = []
+        self._fail_watches: list[tuple[int, str]] = []  # (status, plural or "" = any)
         self._fail_bindings: list[int] = []
         self._drop_generation = 0
         self._gone_generation = 0
@@ -208,7 +208,8 @@ class StandInApiServer:
         ``tell_watchers`` the open watches receive an ERROR event (code 410) and end."""
         with self._cond:
             self.history.clear()
-            self.oldest_rv = self.rv + 1
+            self.rv += 1  # the compaction itself; lists from now on return a valid resourceVersion
+            self.oldest_rv = self.rv
             if tell_watchers:
                 self._gone_generation += 1
             self._cond.notify_all()
@@ -219,9 +220,10 @@ class StandInApiServer:
             self._drop_generation += 1
             self._cond.notify_all()
 
-    def fail_watches(self, n: int, status: int = 500) -> None:
+    def fail_watches(self, n: int, status: int = 500, plural: str = "") -> None:
+        """Answer the next ``n`` watch requests (of ``plural`` only, when given) with ``status``."""
         with self._cond:
-            self._fail_watches.extend([status] * n)
+            self._fail_watches.extend([(status, plural)] * n)
 
     def fail_bindings(self, n: int, status: int = 500) -> None:
         with self._cond:
@@ -306,8 +308,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _watch(self, plural: str, query: dict[str, str]) -> None:
         s = self.standin
+        failure = None
         with s._cond:
-            failure = s._fail_watches.pop(0) if s._fail_watches else None
+            for k, (status, only) in enumerate(s._fail_watches):
+                if only in ("", plural):
+                    failure = status
+                    del s._fail_watches[k]
+                    break
         if failure is not None:
             self._send_json(failure, status_json(failure, "InternalError", "stand-in: injected watch failure"))
             return
@@ -317,7 +324,7 @@ class _Handler(BaseHTTPRequestHandler):
         deadline = time.monotonic() + float(query.get("timeoutSeconds") or 30)
         gone = status_json(410, "Expired", f"too old resource version: {since} ({s.oldest_rv})")
         with s._cond:
-            expired = since < s.oldest_rv - 1
+            expired = since < s.oldest_rv
         if expired and not s.gone_as_event:
             self._send_json(410, gone)
             return

@@ -123,8 +123,11 @@ class CollectorApp:
 async def main() -> int:
     settings = load_settings(CollectorSettings)
     rt = ServiceRuntime(SERVICE, settings)
+    if settings.source == "kubernetes":
+        from agmarl_state_collector.k8sapp import run_kubernetes
+        return await run_kubernetes(rt, settings)
     if settings.source != "simulator":
-        rt.log.error("source %r is not available in this version (only 'simulator')", settings.source)
+        rt.log.error("source %r is not available (use 'simulator' or 'kubernetes')", settings.source)
         return 2
     sim = SimulatedCluster.create(settings.sim_nodes, settings.sim_zones, settings.sim_workload,
                                   settings.sim_rate, settings.sim_seed, settings.chunk_seconds,

@@ -95,6 +95,7 @@ class KubeCache:
     bound: dict[str, Pod] = field(default_factory=dict)  # key -> pod with node_name
     pending: dict[str, Pod] = field(default_factory=dict)
     resource_versions: dict[str, str] = field(default_factory=dict)  # "nodes" / "pods" -> last seen
+    rejected: list[str] = field(default_factory=list)  # objects the converters could not read (in lists)
     _state: ClusterState | None = None
 
     @property
@@ -122,7 +123,10 @@ class KubeCache:
             for key in gone:
                 changes += self._pod_deleted(key, "deleted")
         for obj in items:
-            changes += self.apply(kind, "MODIFIED", obj)
+            try:
+                changes += self.apply(kind, "MODIFIED", obj)
+            except (KeyError, TypeError, ValueError) as exc:  # one unreadable object must not stop a relist
+                self.rejected.append(f"{kind} {object_key(obj)}: {type(exc).__name__}: {exc}")
         self.resource_versions[kind] = rv
         return changes
 

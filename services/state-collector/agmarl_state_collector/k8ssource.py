@@ -208,10 +208,12 @@ class KubernetesSource:
             try:
                 if not rv:
                     rv = self._list(kind)
+                    self.watch_rv[kind] = rv
                     backoff.reset()
                 rv = self._watch_once(kind, rv, backoff)
                 backoff.reset()  # the stream ended normally (server timeout): resume at once
             except ApiException as exc:
+                rv = self.watch_rv.get(kind, rv) if rv else rv  # the last event's rv, even mid-stream
                 if exc.status == 410:
                     self.stats.relists += 1
                     log.info("%s watch: resourceVersion %s expired (410 Gone); relisting", kind, rv)
@@ -221,6 +223,7 @@ class KubernetesSource:
             except Exception as exc:  # noqa: BLE001 - connection errors come in many types; all mean reconnect
                 if self._stop.is_set():
                     break
+                rv = self.watch_rv.get(kind, rv) if rv else rv
                 rv = self._failed(kind, rv, backoff, f"{type(exc).__name__}: {exc}")
         log.info("%s watch stopped", kind)
 

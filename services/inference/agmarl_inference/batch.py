@@ -1,0 +1,331 @@
+"""Batch mode, the I/O shell: the second scheduler (``schedulerName: agmarl-scheduler``) places its
+pending pods a batch at a time and creates their Bindings with the official ``kubernetes`` client.
+
+Inputs from the bus: ``PendingPod`` (published by the state-collector for pods naming the batch
+scheduler) and ``ClusterSnapshot`` (the state decisions start from). A batch closes after
+``window_s`` or ``max_pods`` pods; ``batchcore.decide_batch`` places it jointly; every placement is
+bound through ``pods/{name}/binding``. Bound placements stay "assumed" in the decision state until a
+snapshot shows them (as kube-scheduler's assume cache does), so the next batch cannot over-commit.
+
+Failures never lose a pod (``batchcore.Ledger``): an API error or timeout is retried on the same
+node with exponential backoff up to ``bind_attempts`` times, then the placement is released and the
+pod queued again for a fresh decision; a 409 Conflict releases at once; 404 marks it gone. A pod
+with no feasible node stays pending (``unschedulable`` with kube-scheduler's reason) and is tried
+again after ``retry_s``. A ``Decision`` (source "batch") is published for each bound pod, each
+release and each new unschedulable reason.
+
+Hooked into the inference app with ``start_batch_mode(rt, settings)`` only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from prometheus_client import Counter, Gauge
+
+from agmarl_common import messages as m
+from agmarl_common import subjects
+from agmarl_common.cluster.model import AGMARL_SCHEDULER, ClusterState, Pod, bind, pod_from_dict, state_from_dict
+from agmarl_common.policies.base import Policy
+from agmarl_common.policies.registry import get_policy
+from agmarl_common.service import HandlerContext, ServiceRuntime
+from agmarl_inference.batchcore import Ledger, Placement, decide_batch
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    scheduler_name: str = AGMARL_SCHEDULER
+    window_s: float = 0.2  # a batch closes this long after its first pod ...
+    max_pods: int = 64  # ... or when it has this many
+    bind_attempts: int = 3  # tries per placement before it is released
+    bind_backoff_s: float = 0.2  # wait before retry k: bind_backoff_s * 2**(k-1)
+    bind_timeout_s: float = 5.0  # per Binding request
+    retry_s: float = 2.0  # released / unschedulable pods wait this long before the next batch
+    assume_ttl_s: float = 30.0  # forget an assumed binding the snapshots never confirmed
+    kubeconfig: str = ""  # empty = $KUBECONFIG, else in-cluster, else ~/.kube/config
+    mode: str = "full"
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> "BatchConfig":
+        """``batch_<field>`` settings (and ``batch_scheduler_name``, ``kubeconfig``, ``rollout_mode``)
+        where the settings object has them; defaults otherwise."""
+        data = settings.model_dump()
+        out: dict[str, Any] = {}
+        for f in fields(cls):
+            for name in (f"batch_{f.name}", f.name):
+                if data.get(name) not in (None, ""):
+                    out[f.name] = data[name]
+                    break
+        if data.get("rollout_mode"):
+            out["mode"] = data["rollout_mode"]
+        return cls(**out)
+
+
+def load_api_client(kubeconfig: str = "") -> client.ApiClient:
+    """From ``kubeconfig``, else $KUBECONFIG, else in-cluster config in a pod, else ~/.kube/config."""
+    cfg = client.Configuration()
+    path = kubeconfig or os.environ.get("KUBECONFIG", "")
+    if path:
+        config.load_kube_config(config_file=path, client_configuration=cfg)
+    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config(client_configuration=cfg)
+    else:
+        config.load_kube_config(client_configuration=cfg)
+    return client.ApiClient(cfg)
+
+
+def create_binding(api: client.CoreV1Api, namespace: str, name: str, node: str, timeout: float) -> None:
+    """POST pods/{name}/binding; raises ApiException on a non-2xx answer. The raw response is
+    read rather than deserialized: the API answers a ``Status``, and this client's ``V1Binding``
+    deserialization then fails ("target" missing, the old ``ValueError: Invalid value for
+    `target```) although the pod was bound -- that error is treated as success if it appears."""
+    body = client.V1Binding(api_version="v1", kind="Binding",
+                            metadata=client.V1ObjectMeta(name=name, namespace=namespace),
+                            target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
+    try:
+        resp = api.create_namespaced_pod_binding(name=name, namespace=namespace, body=body,
+                                                 _preload_content=False, _request_timeout=timeout)
+        resp.read()
+        resp.release_conn()
+    except ApiException:
+        raise
+    except ValueError as exc:
+        if "target" not in str(exc):
+            raise
+
+
+class BatchBinder:
+    def __init__(self, rt: ServiceRuntime, cfg: BatchConfig, cluster: str, api: client.CoreV1Api,
+                 policy: Callable[[], Policy], clock: Callable[[], float] = time.time):
+        self.rt, self.cfg, self.cluster, self.api, self.policy, self.clock = rt, cfg, cluster, api, policy, clock
+        self.ledger = Ledger()
+        self.state: ClusterState | None = None
+        self.snapshot_time = 0.0
+        self.assumed: dict[str, tuple[Pod, tuple[int, ...], float]] = {}  # key -> (placed pod, gpus, at)
+        self.contexts: dict[str, otel_context.Context] = {}  # pod key -> trace of its PendingPod
+        self.wake = asyncio.Event()
+        self.inflight: set[asyncio.Task] = set()
+        self.batches = 0
+        self._published_reason: dict[str, str] = {}
+        reg = rt.registry
+        self.results = Counter("agmarl_batch_bindings_total", "Batch binder outcomes", ["result"], registry=reg)
+        self.ledger_gauge = Gauge("agmarl_batch_ledger_pods", "Pods in the batch ledger by status", ["status"],
+                                  registry=reg)
+
+    # --- inputs ---------------------------------------------------------------------------------
+
+    async def on_pending(self, msg: m.PendingPod, ctx: HandlerContext) -> None:
+        if msg.cluster != self.cluster:
+            return
+        pod = pod_from_dict(msg.pod)
+        if pod.scheduler_name != self.cfg.scheduler_name or pod.node_name:
+            return
+        if self.ledger.offer(pod, msg.seen_at):
+            self.contexts[pod.key] = trace.set_span_in_context(ctx.span)
+            self.wake.set()
+
+    async def on_snapshot(self, msg: m.ClusterSnapshot, ctx: HandlerContext) -> None:
+        if msg.cluster != self.cluster:
+            return
+        self.state = state_from_dict(msg.state)
+        self.snapshot_time = msg.time
+        self.reconcile({p.get("namespace", "default") + "/" + p["name"] for p in msg.pending}, msg.time)
+        self.wake.set()
+
+    def reconcile(self, pending: set[str], at: float) -> None:
+        """Snapshot at collector time ``at``: assumed bindings it shows are confirmed; queued pods
+        announced before ``at`` that it neither lists pending nor bound are gone."""
+        assert self.state is not None
+        bound = {p.key for pods in self.state.bound for p in pods}
+        now = self.clock()
+        for key, (_, _, t) in list(self.assumed.items()):
+            if key in bound or now - t > self.cfg.assume_ttl_s:
+                del self.assumed[key]
+        for key in self.ledger.with_status("queued") + self.ledger.with_status("unschedulable"):
+            e = self.ledger.entries[key]
+            if e.seen_at <= at and key not in pending:
+                self.ledger.gone(key, "bound elsewhere" if key in bound else "no longer pending")
+                self.contexts.pop(key, None)
+
+    def decision_state(self) -> ClusterState:
+        """The last snapshot plus the bindings made since that it does not show yet."""
+        assert self.state is not None
+        state = self.state
+        shown = {p.key for pods in state.bound for p in pods}
+        for key, (pod, gpus, _) in self.assumed.items():
+            if key not in shown and pod.node_name in state.index:
+                state = bind(state, pod, state.index[pod.node_name], gpus)
+        return state
+
+    # --- the loop -------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Forever: wait for pods, let the window fill, decide the batch, start its bindings."""
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            if self.state is None or not self.ledger.due(self.clock(), 1):
+                await self._idle()
+                continue
+            await self._fill_window()
+            await self.run_batch()
+
+    async def _fill_window(self) -> None:
+        """Let the batch fill: until ``window_s`` passed or ``max_pods`` pods are due."""
+        deadline = time.monotonic() + self.cfg.window_s
+        while len(self.ledger.due(self.clock(), self.cfg.max_pods)) < self.cfg.max_pods:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            try:
+                await asyncio.wait_for(self.wake.wait(), timeout=left)
+            except TimeoutError:
+                return
+            self.wake.clear()
+
+    async def _idle(self) -> None:
+        """Nothing due now: wake again when the earliest waiting pod is due (or on new input)."""
+        waits = [e.not_before for e in self.ledger.entries.values()
+                 if e.status in ("queued", "unschedulable")]
+        if waits and self.state is not None:
+            delay = max(0.01, min(waits) - self.clock())
+            try:
+                await asyncio.wait_for(self.wake.wait(), timeout=delay)
+            except TimeoutError:
+                self.wake.set()
+
+    async def run_batch(self) -> list[Placement]:
+        """Decide every due pod (up to ``max_pods``) jointly and start their bindings."""
+        now = self.clock()
+        pods = self.ledger.due(now, self.cfg.max_pods)
+        if not pods or self.state is None:
+            return []
+        self.batches += 1
+        batch_id = f"{self.batches}-{int(now * 1000)}"
+        policy = self.policy()
+        placements, _ = decide_batch(pods, self.decision_state(), policy)
+        for pl in placements:
+            key = pl.pod.key
+            if not pl.node:
+                self.ledger.unschedulable(key, pl.reason, now + self.cfg.retry_s)
+                self.results.labels(result="unschedulable").inc()
+                if self._published_reason.get(key) != pl.reason:
+                    self._published_reason[key] = pl.reason
+                    await self._publish(pl, policy, batch_id, len(placements), 0, pl.reason)
+                continue
+            self.ledger.binding(key, pl.node)
+            self.assumed[key] = (replace(pl.pod, node_name=pl.node), pl.gpus, now)
+            task = asyncio.get_running_loop().create_task(self._bind(pl, policy, batch_id, len(placements)))
+            self.inflight.add(task)
+            task.add_done_callback(self.inflight.discard)
+        if len(pods) == self.cfg.max_pods:
+            self.wake.set()  # more may be due
+        self._update_gauge()
+        return placements
+
+    async def _bind(self, pl: Placement, policy: Policy, batch_id: str, size: int) -> None:
+        key, ns, name = pl.pod.key, pl.pod.namespace, pl.pod.name
+        try:
+            while True:
+                try:
+                    await asyncio.to_thread(create_binding, self.api, ns, name, pl.node, self.cfg.bind_timeout_s)
+                    self.ledger.bound(key)
+                    self.results.labels(result="bound").inc()
+                    await self._publish(pl, policy, batch_id, size, self.ledger.entries[key].attempts + 1, "")
+                    return
+                except ApiException as exc:
+                    why = f"HTTP {exc.status} {exc.reason}".strip()
+                    if exc.status == 404:
+                        self._give_up(key, "gone", why)
+                        return
+                    if exc.status == 409:  # conflict: someone else bound it, or it changed: decide afresh
+                        self._give_up(key, "release", f"conflict: {why}")
+                        await self._publish(pl, policy, batch_id, size, 1, f"binding conflict: {why}", released=True)
+                        return
+                except Exception as exc:  # noqa: BLE001 - timeouts and connection errors come in many types
+                    why = f"{type(exc).__name__}: {exc}"
+                attempts = self.ledger.attempt_failed(key, why)
+                if attempts >= self.cfg.bind_attempts:
+                    reason = f"binding failed {attempts} times (last: {why})"
+                    self._give_up(key, "release", reason)
+                    await self._publish(pl, policy, batch_id, size, attempts, reason, released=True)
+                    return
+                await asyncio.sleep(self.cfg.bind_backoff_s * 2 ** (attempts - 1))
+        except asyncio.CancelledError:
+            if self.ledger.entries[key].status == "binding":
+                self._give_up(key, "release", "binder stopped")
+            raise
+
+    def _give_up(self, key: str, how: str, reason: str) -> None:
+        self.assumed.pop(key, None)
+        if how == "gone":
+            self.ledger.gone(key, reason)
+            self.results.labels(result="gone").inc()
+        else:
+            self.ledger.release(key, reason, self.clock() + self.cfg.retry_s)
+            self.results.labels(result="released").inc()
+            self.wake.set()
+        self._update_gauge()
+
+    def _update_gauge(self) -> None:
+        for status, n in self.ledger.counts().items():
+            self.ledger_gauge.labels(status=status).set(n)
+
+    async def _publish(self, pl: Placement, policy: Policy, batch_id: str, size: int, attempts: int, reason: str,
+                       released: bool = False) -> None:
+        pod = pl.pod
+        node = "" if released else pl.node
+        e = self.ledger.entries[pod.key]
+        token = otel_context.attach(self.contexts.get(pod.key, otel_context.get_current()))
+        try:
+            with self.rt.tracer.start_as_current_span("inference batch_decision") as span:
+                span.set_attribute("agmarl.pod", pod.key)
+                span.set_attribute("agmarl.node", node)
+                span.set_attribute("agmarl.batch", batch_id)
+                sc = span.get_span_context()
+                decision = m.Decision(
+                    decision_id=m.new_id(), cluster=self.cluster, namespace=pod.namespace, pod_key=pod.key,
+                    node=node, gpus=list(pl.gpus) if node else [], policy=policy.name, mode=self.cfg.mode,
+                    score=pl.score if node else 0.0, scores=pl.scores,
+                    explanation={"batch_id": batch_id, "batch_size": size, "order": pl.order, "rank": pl.rank,
+                                 "proposed_node": pl.node, "bind_attempts": attempts, "releases": e.releases,
+                                 "reason": reason or pl.reason},
+                    trace_id=format(sc.trace_id, "032x") if sc.is_valid else "", seen_at=e.seen_at,
+                    decided_at=self.clock(), source="batch")
+                await self.rt.publish(subjects.decision(self.cluster, pod.namespace), decision, js=True,
+                                      msg_id=decision.decision_id)
+        finally:
+            otel_context.detach(token)
+
+    async def stop(self) -> None:
+        """Cancel bindings in flight; their pods go back to the queue (never lost)."""
+        for task in list(self.inflight):
+            task.cancel()
+        if self.inflight:
+            await asyncio.wait(list(self.inflight), timeout=5.0)
+
+
+def start_batch_mode(rt: ServiceRuntime, settings: Any, policy: Callable[[], Policy] | None = None,
+                     api_client: client.ApiClient | None = None) -> BatchBinder:
+    """Subscribe the batch binder to pending pods and snapshots and start its loop (call in main()
+    after building the runtime, before or after ``rt.start()``). ``policy`` returns the policy to
+    score with (e.g. ``lambda: app.policy``); default: ``settings.baseline_policy``."""
+    cfg = BatchConfig.from_settings(settings)
+    if policy is None:
+        fixed = get_policy(settings.baseline_policy)
+        policy = lambda: fixed  # noqa: E731
+    api = client.CoreV1Api(api_client or load_api_client(cfg.kubeconfig))
+    binder = BatchBinder(rt, cfg, settings.cluster, api, policy)
+    rt.handle(subjects.pending(settings.cluster), m.PendingPod, queue="inference-batch")(binder.on_pending)
+    rt.handle(subjects.snapshot(settings.cluster), m.ClusterSnapshot)(binder.on_snapshot)
+    rt.spawn(binder.run(), name="batch-binder")
+    return binder

@@ -1,0 +1,793 @@
+"""The kube-scheduler HTTP extender: filter, prioritize, bind (and preempt passthrough).
+
+Wire format as kube-scheduler v1.36 sends and accepts it (recorded in /work/shared/k8s/): capitalised
+Go field names (``ExtenderArgs{Pod, Nodes, NodeNames}``, ``ExtenderFilterResult``, ``[{Host, Score}]``
+with scores 0..10, ``ExtenderBindingArgs`` / ``ExtenderBindingResult``), always HTTP 200 for a
+well-formed request. Keys are matched case-insensitively on input, as Go's encoding/json does.
+
+Two cache modes: with ``nodeCacheCapable`` the request names nodes only (``NodeNames``) and the node
+objects and their bound pods come from ``NodeCache``, fed by ClusterSnapshot messages; otherwise
+the request carries a v1.NodeList and the cache contributes only the pods bound to those nodes.
+
+Every answer is made within ``extender_budget_ms``: the state and default scores run on one thread
+pool, the active policy on another; whatever is late or failing is replaced (default scores for a
+slow/failed model or NATS down; the nodes passed through unchanged for a slow filter) and counted in
+``agmarl_extender_fallbacks_total{reason}``. Each prioritize answer (and a filter that rejects every
+node) becomes a Decision (source "extender") in the decision log, published off the request path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Awaitable, Callable, Protocol
+
+import numpy as np
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from fastapi import APIRouter, Depends, HTTPException, Request, Response
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+
+from agmarl_common import kubeconvert as kc
+from agmarl_common import messages as m
+from agmarl_common import subjects
+from agmarl_common.cluster.filters import (
+    FilterStatus,
+    feasible_mask,
+    filter_node,
+    fits_node_selector,
+    fits_node_unschedulable,
+    fits_resources,
+    fits_taints,
+)
+from agmarl_common.cluster.model import ClusterState, Pod, state_from_dict, unbind
+from agmarl_common.cluster.selectors import matches_label_selector
+from agmarl_common.policies.base import Policy, normalise_scores
+from agmarl_common.telemetry import extract
+from agmarl_inference.settings import InferenceSettings
+
+MODES = ("shadow", "recommend", "canary", "hybrid", "full")
+MAX_EXTENDER_SCORE = 10  # kube-scheduler's MaxExtenderPriority
+NEUTRAL_SCORE = 0
+UNKNOWN_NODE = "node unknown to the agmarl extender's cluster cache"
+DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 5.0)
+# failures kube-scheduler marks UnschedulableAndUnresolvable (preemption cannot help)
+_UNRESOLVABLE = ("NodeUnschedulable", "TaintToleration", "NodeAffinity")
+_UNRESOLVABLE_REASONS = ("gpu_spec", "missing required label", "didn't match pod affinity rules")
+_DETAILED_REASONS = 32  # failing nodes that get the full (cluster-wide) filter for their reason
+
+
+# ---------------------------------------------------------------------------------------------
+# Wire models (Go field names)
+
+class _GoArgs(BaseModel):
+    """Input model: unknown keys ignored, keys matched case-insensitively (Go encoding/json)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fold_case(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        names = {n.lower(): n for n in cls.model_fields}
+        return {names.get(str(k).lower(), k): v for k, v in data.items()}
+
+
+class NodeList(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    metadata: dict[str, Any] = {}
+    items: list[dict[str, Any]] = []
+
+
+class ExtenderArgs(_GoArgs):
+    Pod: dict[str, Any]
+    Nodes: NodeList | None = None
+    NodeNames: list[str] | None = None
+
+
+class ExtenderFilterResult(BaseModel):
+    Nodes: NodeList | None = None
+    NodeNames: list[str] | None = None
+    FailedNodes: dict[str, str] = {}
+    FailedAndUnresolvableNodes: dict[str, str] = {}
+    Error: str = ""
+
+
+class HostPriority(BaseModel):
+    Host: str
+    Score: int = Field(ge=0, le=MAX_EXTENDER_SCORE)
+
+
+class ExtenderBindingArgs(_GoArgs):
+    PodName: str
+    PodNamespace: str
+    PodUID: str = ""
+    Node: str
+
+
+class ExtenderBindingResult(BaseModel):
+    Error: str = ""
+
+
+class MetaPod(_GoArgs):
+    UID: str
+
+
+class MetaVictims(_GoArgs):
+    Pods: list[MetaPod] = []
+    NumPDBViolations: int = 0
+
+
+class ExtenderPreemptionArgs(_GoArgs):
+    Pod: dict[str, Any]
+    NodeNameToVictims: dict[str, Any] | None = None
+    NodeNameToMetaVictims: dict[str, MetaVictims] | None = None
+
+
+class ExtenderPreemptionResult(BaseModel):
+    NodeNameToMetaVictims: dict[str, MetaVictims] = {}
+
+
+class BadRequest(Exception):
+    """A well-formed JSON body that does not describe a pod/node we can read (answered 400)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# What the extender needs from the service
+
+class PolicySource(Protocol):
+    """The inference app: active policy, default scoring, model version and rollout mode."""
+
+    policy: Policy
+    default: Policy
+    model_version: str
+    mode: str
+
+    def set_mode(self, mode: str, reason: str) -> None: ...
+
+
+class Binder(Protocol):
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+
+
+class NodeCache:
+    """The inference service's cluster view: the latest snapshot state, replaced atomically."""
+
+    def __init__(self, cluster: str):
+        self.cluster = cluster
+        self.state: ClusterState | None = None
+        self.seq = -1
+        self.updated_at = 0.0
+        self.bound_keys: frozenset[str] = frozenset()
+        self._latest: object = None
+
+    @property
+    def warm(self) -> bool:
+        return self.state is not None
+
+    def set_state(self, state: ClusterState, seq: int = 0, now: float | None = None) -> None:
+        self.bound_keys = frozenset(p.key for pods in state.bound for p in pods)
+        self.state, self.seq = state, seq
+        self.updated_at = time.time() if now is None else now
+
+    def pods_on(self, node_names: list[str]) -> list[Pod]:
+        state = self.state
+        if state is None:
+            return []
+        return [p for n in node_names if n in state.index for p in state.bound[state.index[n]]]
+
+    async def on_snapshot(self, msg: m.ClusterSnapshot, ctx: Any = None) -> None:
+        """ClusterSnapshot handler: decode off the event loop, keep only newer snapshots."""
+        if msg.cluster != self.cluster:
+            return
+        self._latest = token = object()
+        state = await asyncio.to_thread(state_from_dict, msg.state)
+        if self._latest is token:  # a later snapshot that decoded first is not overwritten
+            self.set_state(state, msg.seq)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure scoring helpers
+
+@dataclass(frozen=True)
+class Scored:
+    """0..100 scores of one policy and each term's additive share in them (for explanations)."""
+
+    norm: np.ndarray
+    contributions: dict[str, np.ndarray]  # sum over terms == norm - constant
+    raw_terms: dict[str, np.ndarray] = field(default_factory=dict)  # plugin scores 0..100
+
+
+def score_policy(policy: Policy, pod: Pod, state: ClusterState, idx: np.ndarray) -> Scored:
+    """normalise_scores(policy.score(...)), decomposed into plugin terms when the policy is a sum
+    of weighted plugins (WeightedPluginsPolicy), else one term named after the policy."""
+    plugin_scores = getattr(policy, "plugin_scores", None)
+    plugins = getattr(policy, "plugins", None)
+    if callable(plugin_scores) and isinstance(plugins, dict):
+        terms = plugin_scores(pod, state, idx)
+        weighted = {k: plugins[k][1] * np.asarray(v, dtype=np.float64) for k, v in terms.items()}
+        raw = np.sum(list(weighted.values()), axis=0) if weighted else np.zeros(len(idx))
+    else:
+        raw, terms, weighted = np.asarray(policy.score(pod, state, idx), dtype=np.float64), {}, {}
+    norm = normalise_scores(raw)
+    span = float(raw.max() - raw.min()) if raw.size else 0.0
+    scale = 100.0 / span if span > 0 else 0.0
+    contributions = {k: v * scale for k, v in weighted.items()} if weighted else {policy.name: norm}
+    return Scored(norm, contributions, {k: np.asarray(v, dtype=np.float64) for k, v in terms.items()})
+
+
+def to_extender_scores(scores: np.ndarray) -> list[int]:
+    """0..100 -> kube-scheduler extender scores 0..10 (rounded half up, clipped)."""
+    return [int(v) for v in np.clip(np.floor(np.asarray(scores, dtype=np.float64) / 10.0 + 0.5), 0,
+                                    MAX_EXTENDER_SCORE)]
+
+
+def blend_weights(mode: str, opted_in: bool, model_weight: float) -> tuple[float, float]:
+    """(model, default) weights of the placement kube-scheduler ends up making, for the log:
+    hybrid blends; full/recommend/opted-in canary follow the model; shadow and other canary pods
+    follow the default scores."""
+    if mode == "hybrid":
+        return model_weight, 1.0 - model_weight
+    if mode == "shadow" or (mode == "canary" and not opted_in):
+        return 0.0, 1.0
+    return 1.0, 0.0
+
+
+def returned_kind(mode: str, opted_in: bool, fallback: str) -> str:
+    """What the extender answers: "neutral" (all equal), "model" or "default" scores."""
+    if mode == "shadow" or (mode == "canary" and not opted_in):
+        return "neutral"
+    return "default" if fallback else "model"
+
+
+def explain(names: list[str], model: Scored | None, default: Scored, weights: tuple[float, float],
+            returned: list[int], top_k: int = 3) -> dict[str, Any]:
+    """Top nodes with their plugin terms, and the terms that separate the winner from the runner-up
+    (each term's signed share in blended[best] - blended[second]; they sum to that difference)."""
+    wm, wd = weights if model is not None else (0.0, 1.0)
+    parts = {f"default.{k}": wd * v for k, v in default.contributions.items()}
+    if model is not None:
+        parts.update({f"model.{k}": wm * v for k, v in model.contributions.items()})
+    blended = wd * default.norm + (wm * model.norm if model is not None else 0.0)
+    order = np.argsort(-blended, kind="stable")
+    top = []
+    for k in order[:top_k]:
+        entry = {"node": names[k], "blended": round(float(blended[k]), 3), "default": round(float(default.norm[k]), 3),
+                 "returned": returned[k],
+                 "terms": {f"default.{t}": round(float(v[k]), 3) for t, v in default.raw_terms.items()}}
+        if model is not None:
+            entry["model"] = round(float(model.norm[k]), 3)
+            entry["terms"].update({f"model.{t}": round(float(v[k]), 3) for t, v in model.raw_terms.items()})
+        top.append(entry)
+    drivers = []
+    if len(order) >= 2:
+        best, second = order[0], order[1]
+        drivers = sorted(({"term": t, "delta": round(float(v[best] - v[second]), 3)} for t, v in parts.items()),
+                         key=lambda d: -abs(d["delta"]))
+    return {"top": top, "drivers": drivers, "margin": round(float(blended[order[0]] - blended[order[1]]), 3)
+            if len(order) >= 2 else 0.0}
+
+
+def failure(status: FilterStatus) -> tuple[str, bool]:
+    """(reason text, unresolvable?) as kube-scheduler would classify the plugin's status."""
+    unresolvable = status.plugin in _UNRESOLVABLE or any(r in status.reason for r in _UNRESOLVABLE_REASONS)
+    return f"{status.plugin}: {status.reason}", unresolvable
+
+
+def failed_reasons(pod: Pod, state: ClusterState, failing: list[int]) -> dict[int, FilterStatus]:
+    """Why each failing node fails: the cheap per-node checks first; the cluster-wide ones (spread,
+    pod affinity) in full only for the first _DETAILED_REASONS nodes that need them."""
+    out: dict[int, FilterStatus] = {}
+    detailed = 0
+    for i in failing:
+        node = state.nodes[i]
+        status = next((s for s in (fits_node_unschedulable(pod, node), fits_taints(pod, node),
+                                   fits_node_selector(pod, node)) if not s.ok), None) or fits_resources(pod, state, i)
+        if status.ok:
+            if detailed < _DETAILED_REASONS:
+                detailed += 1
+                status = filter_node(pod, state, i)
+            if status.ok:
+                status = FilterStatus(False, "InterPodAffinity",
+                                      "node(s) didn't match pod topology spread constraints or pod affinity rules")
+        out[i] = status
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-request state
+
+@dataclass
+class RequestState:
+    state: ClusterState | None  # None: cache cold in cache mode
+    names: list[str]  # the request's node names, in request order
+    idx: list[int | None]  # their index in state (None: unknown)
+    items: dict[str, dict] = field(default_factory=dict)  # nocache: name -> original node object
+    unreadable: dict[str, str] = field(default_factory=dict)  # nocache: nodes that failed to convert
+
+
+def request_state(pod: Pod, args: ExtenderArgs, cache: NodeCache) -> RequestState:
+    """The state a request is judged in: the cache (NodeNames) or the given nodes + cached pods."""
+    if args.Nodes is not None:
+        nodes, items, unreadable, names = [], {}, {}, []
+        for obj in args.Nodes.items:
+            name = str((obj.get("metadata") or {}).get("name") or "")
+            names.append(name)
+            try:
+                nodes.append(kc.node_from_k8s(obj))
+                items[name] = obj
+            except kc.KubeConvertError as exc:
+                unreadable[name] = f"node object could not be read: {exc}"
+        pods = [p for p in cache.pods_on([n.name for n in nodes]) if p.key != pod.key]
+        state = kc.pods_on_nodes(nodes, pods)
+        return RequestState(state, names, [state.index.get(n) for n in names], items, unreadable)
+    names = list(args.NodeNames or [])
+    state = cache.state
+    if state is None:
+        return RequestState(None, names, [None] * len(names))
+    if pod.key in cache.bound_keys:  # a retry of a pod the snapshot already shows as bound
+        state = unbind(state, pod.key)
+    return RequestState(state, names, [state.index.get(n) for n in names])
+
+
+# ---------------------------------------------------------------------------------------------
+# The service
+
+class ExtenderMetrics:
+    def __init__(self, registry: CollectorRegistry, decisions: Counter | None = None):
+        self.duration = Histogram("agmarl_extender_request_duration_seconds", "Extender request wall time",
+                                  ["verb"], buckets=DURATION_BUCKETS, registry=registry)
+        self.fallbacks = Counter("agmarl_extender_fallbacks", "Extender answers that fell back",
+                                 ["reason"], registry=registry)
+        self.rejected = Counter("agmarl_extender_rejected_requests", "Extender requests answered 400/413",
+                                ["verb", "reason"], registry=registry)
+        self.dropped = Counter("agmarl_extender_decisions_dropped", "Decision-log entries not published",
+                               ["reason"], registry=registry)
+        self.decisions = decisions or Counter("agmarl_decisions_total", "Scheduling decisions",
+                                              ["policy", "mode", "source", "result"], registry=registry)
+
+
+class ExtenderService:
+    """Answers the extender verbs; owns the thread pools, the cache reference and the metrics."""
+
+    def __init__(self, settings: InferenceSettings, source: PolicySource, cache: NodeCache,
+                 metrics: ExtenderMetrics, tracer: trace.Tracer | None = None,
+                 publisher: "DecisionPublisher | None" = None, connected: Callable[[], bool] = lambda: True,
+                 binder: Binder | None = None):
+        self.settings, self.source, self.cache, self.metrics = settings, source, cache, metrics
+        self.tracer = tracer or trace.get_tracer("agmarl.inference.extender")
+        self.publisher = publisher
+        self.connected = connected
+        self.binder = binder
+        self.budget = settings.extender_budget_ms / 1000.0
+        self.canary_selector = kc.parse_label_selector(settings.canary_label_selector) \
+            if settings.canary_label_selector else None
+        self._state_pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="extender-state")
+        self._model_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="extender-model")
+        self._model_slot = threading.Semaphore(1)  # one model computation at a time, never queued
+
+    def close(self) -> None:
+        self._state_pool.shutdown(wait=False, cancel_futures=True)
+        self._model_pool.shutdown(wait=False, cancel_futures=True)
+
+    # --- helpers ----------------------------------------------------------------------------------
+
+    def opted_in(self, pod: Pod) -> bool:
+        """Canary: the pod's namespace is listed or its labels match the canary selector."""
+        if pod.namespace in self.settings.canary_namespaces:
+            return True
+        return self.canary_selector is not None and matches_label_selector(self.canary_selector, pod.labels)
+
+    def fallback(self, reason: str) -> str:
+        self.metrics.fallbacks.labels(reason=reason).inc()
+        return reason
+
+    async def _run(self, pool: concurrent.futures.Executor, deadline: float, fn: Callable, *args: Any) -> Any:
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0:
+            raise asyncio.TimeoutError
+        loop = asyncio.get_running_loop()
+        return await asyncio.wait_for(loop.run_in_executor(pool, fn, *args), remaining)
+
+    def _span(self, verb: str, headers: Any):
+        return self.tracer.start_as_current_span(f"extender {verb}", context=extract(dict(headers or {})),
+                                                 kind=SpanKind.SERVER, attributes={"http.route": verb})
+
+    @staticmethod
+    def _pod(obj: dict[str, Any]) -> Pod:
+        try:
+            return kc.pod_from_k8s(obj)
+        except kc.KubeConvertError as exc:
+            raise BadRequest(f"Pod: {exc}") from None
+
+    def _record(self, decision: m.Decision, result: str, span: trace.Span) -> None:
+        self.metrics.decisions.labels(policy=decision.policy, mode=decision.mode, source="extender",
+                                      result=result).inc()
+        if self.publisher is None:
+            self.metrics.dropped.labels(reason="no_publisher").inc()
+        else:
+            self.publisher.offer(decision, trace.set_span_in_context(span))
+
+    # --- filter -------------------------------------------------------------------------------------
+
+    def _filter_sync(self, pod: Pod, req: RequestState) -> tuple[list[str], dict[str, str], dict[str, str]]:
+        state = req.state
+        ok, failed, unresolvable = [], dict(req.unreadable), {}
+        mask = feasible_mask(pod, state) if state is not None else None
+        failing = [i for i in req.idx if i is not None and not mask[i]]
+        reasons = failed_reasons(pod, state, failing) if failing else {}
+        for name, i in zip(req.names, req.idx):
+            if name in failed:
+                continue
+            if i is None:
+                failed[name] = UNKNOWN_NODE
+            elif mask[i]:
+                ok.append(name)
+            else:
+                text, hard = failure(reasons[i])
+                (unresolvable if hard else failed)[name] = text
+        return ok, failed, unresolvable
+
+    async def filter(self, args: ExtenderArgs, headers: Any = None) -> ExtenderFilterResult:
+        seen_at, deadline = time.time(), time.perf_counter() + self.budget
+        pod = self._pod(args.Pod)
+        with self._span("filter", headers) as span:
+            span.set_attribute("agmarl.pod", pod.key)
+            names: list[str] = []
+            fallback = ""
+            try:
+                req = await self._run(self._state_pool, deadline, request_state, pod, args, self.cache)
+                names = req.names
+                if req.state is None:
+                    fallback = self.fallback("cache_cold")
+                else:
+                    ok, failed, unresolvable = await self._run(self._state_pool, deadline, self._filter_sync, pod, req)
+            except asyncio.TimeoutError:
+                fallback = self.fallback("filter_timeout")
+            except Exception as exc:  # noqa: BLE001 - never fail a well-formed request
+                span.record_exception(exc)
+                fallback = self.fallback("filter_error")
+            if fallback:  # kube-scheduler has filtered already: pass every node on
+                names = names or [str((o.get("metadata") or {}).get("name", "")) for o in
+                                  (args.Nodes.items if args.Nodes else [])] or list(args.NodeNames or [])
+                ok, failed, unresolvable = names, {}, {}
+            span.set_attribute("agmarl.fallback", fallback)
+            span.set_attribute("agmarl.passed", len(ok))
+            if not ok and (failed or unresolvable):
+                reasons = {**failed, **unresolvable}
+                self._record(self._bare(pod, span, seen_at, {
+                    "verb": "filter", "reason": "no feasible node", "filtered_out": len(reasons),
+                    "filter_reasons": dict(list(reasons.items())[:10])}), "unschedulable", span)
+        if args.Nodes is not None:
+            keep = set(ok)
+            items = [o for o in args.Nodes.items if (o.get("metadata") or {}).get("name") in keep]
+            return ExtenderFilterResult(Nodes=NodeList(metadata=args.Nodes.metadata, items=items),
+                                        FailedNodes=failed, FailedAndUnresolvableNodes=unresolvable)
+        return ExtenderFilterResult(NodeNames=ok, FailedNodes=failed, FailedAndUnresolvableNodes=unresolvable)
+
+    def _bare(self, pod: Pod, span: trace.Span, seen_at: float, explanation: dict[str, Any]) -> m.Decision:
+        """A decision without a chosen node (no scores)."""
+        src = self.source
+        return m.Decision(
+            decision_id=uuid.uuid4().hex, cluster=self.settings.cluster, namespace=pod.namespace, pod_key=pod.key,
+            policy=src.policy.name, model_version=src.model_version, mode=src.mode,
+            explanation={"mode": src.mode, **explanation}, trace_id=_trace_id(span), seen_at=seen_at,
+            decided_at=time.time(), source="extender")
+
+    # --- prioritize -----------------------------------------------------------------------------------
+
+    def _prepare(self, pod: Pod, args: ExtenderArgs, default: Policy) -> tuple[RequestState, np.ndarray, Scored | None]:
+        """State, feasible candidate indexes (in request order) and the default scores."""
+        req = request_state(pod, args, self.cache)
+        if req.state is None:
+            return req, np.zeros(0, np.int64), None
+        known = np.array([i for i in req.idx if i is not None], dtype=np.int64)
+        cand = known[feasible_mask(pod, req.state)[known]] if known.size else known
+        return req, cand, score_policy(default, pod, req.state, cand) if cand.size else None
+
+    async def _model(self, policy: Policy, default: Policy, pod: Pod, req: RequestState, cand: np.ndarray,
+                     base: Scored, deadline: float) -> tuple[Scored | None, str]:
+        """The active policy's scores, or (None, fallback reason)."""
+        if policy is default or policy.name == default.name:
+            return base, ""
+        if not self._model_slot.acquire(blocking=False):  # a slow model still runs: do not queue behind it
+            return None, self.fallback("model_busy")
+        try:
+            fut = self._model_pool.submit(score_policy, policy, pod, req.state, cand)
+        except RuntimeError:  # pool shut down
+            self._model_slot.release()
+            return None, self.fallback("model_error")
+        fut.add_done_callback(lambda _: self._model_slot.release())  # finished or cancelled before it ran
+        remaining = deadline - time.perf_counter()
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(fut), max(remaining, 0.0)), ""
+        except asyncio.TimeoutError:
+            return None, self.fallback("model_timeout")
+        except Exception:  # noqa: BLE001
+            return None, self.fallback("model_error")
+
+    async def prioritize(self, args: ExtenderArgs, headers: Any = None) -> list[HostPriority]:
+        seen_at, deadline = time.time(), time.perf_counter() + self.budget
+        pod = self._pod(args.Pod)
+        src = self.source
+        policy, default, mode, version = src.policy, src.default, src.mode, src.model_version
+        opted = mode != "canary" or self.opted_in(pod)
+        with self._span("prioritize", headers) as span:
+            span.set_attribute("agmarl.pod", pod.key)
+            span.set_attribute("agmarl.mode", mode)
+            fallback, req, cand, base, model = "", None, np.zeros(0, np.int64), None, None
+            try:
+                req, cand, base = await self._run(self._state_pool, deadline, self._prepare, pod, args, default)
+                if req.state is None:
+                    fallback = self.fallback("cache_cold")
+                elif base is not None:
+                    if not self.connected():
+                        fallback = self.fallback("nats_down")
+                    else:
+                        model, fallback = await self._model(policy, default, pod, req, cand, base, deadline)
+            except asyncio.TimeoutError:
+                fallback = self.fallback("state_timeout")
+            except Exception as exc:  # noqa: BLE001 - never fail a well-formed request
+                span.record_exception(exc)
+                fallback = self.fallback("state_error")
+            names = req.names if req is not None else _request_names(args)
+            kind = returned_kind(mode, opted, fallback) if base is not None else "neutral"
+            scores = {n: NEUTRAL_SCORE for n in names}
+            if base is not None:
+                chosen = (model if kind == "model" else base).norm
+                cand_names = [req.state.nodes[i].name for i in cand]
+                returned = to_extender_scores(chosen) if kind != "neutral" else [NEUTRAL_SCORE] * len(cand)
+                if kind != "neutral":
+                    scores.update(zip(cand_names, returned))
+                decision = self._scored(pod, cand_names, model, base, mode, opted, returned, kind, fallback,
+                                        policy.name, version, span, seen_at)
+            else:  # nothing to score: cache cold, a failure, or no candidate passes the hard filter here
+                decision = self._bare(pod, span, seen_at, {
+                    "verb": "prioritize", "returned": kind, "fallback": fallback, "candidates": 0,
+                    "reason": fallback or "no candidate passes the hard filter in the extender's view"})
+            self._record(decision, "fallback" if fallback else "scored" if base is not None else "unschedulable",
+                         span)
+            span.set_attribute("agmarl.fallback", fallback)
+            span.set_attribute("agmarl.returned", kind)
+        return [HostPriority(Host=n, Score=s) for n, s in scores.items()]
+
+    def _scored(self, pod: Pod, names: list[str], model: Scored | None, base: Scored, mode: str, opted: bool,
+                returned: list[int], kind: str, fallback: str, policy: str, version: str, span: trace.Span,
+                seen_at: float) -> m.Decision:
+        weights = blend_weights(mode, opted, self.settings.hybrid_model_weight)
+        blended = base.norm if model is None else weights[1] * base.norm + weights[0] * model.norm
+        best = int(np.argmax(blended))
+        explanation = explain(names, model, base, weights, returned)
+        explanation.update({
+            "verb": "prioritize", "mode": mode, "policy": policy, "default_policy": self.source.default.name,
+            "returned": kind, "fallback": fallback, "candidates": len(names),
+            "blend": {"model": weights[0], "default": weights[1]},
+            "default_choice": names[int(np.argmax(base.norm))],
+            "model_choice": names[int(np.argmax(model.norm))] if model is not None else "",
+        })
+        if mode == "canary":
+            explanation["canary"] = opted
+        if mode == "recommend" and model is not None:
+            explanation["recommendation"] = explanation["model_choice"]
+
+        def rounded(a: np.ndarray) -> dict[str, float]:
+            return {n: round(float(v), 3) for n, v in zip(names, a)}
+        return m.Decision(
+            decision_id=uuid.uuid4().hex, cluster=self.settings.cluster, namespace=pod.namespace, pod_key=pod.key,
+            node=names[best], policy=policy, model_version=version, mode=mode, score=round(float(blended[best]), 3),
+            scores=rounded(blended), model_scores=rounded(model.norm) if model is not None else {},
+            default_scores=rounded(base.norm), explanation=explanation, trace_id=_trace_id(span),
+            seen_at=seen_at, decided_at=time.time(), source="extender")
+
+    # --- bind, preempt ------------------------------------------------------------------------------
+
+    async def bind(self, args: ExtenderBindingArgs, headers: Any = None) -> ExtenderBindingResult:
+        with self._span("bind", headers) as span:
+            span.set_attribute("agmarl.pod", f"{args.PodNamespace}/{args.PodName}")
+            span.set_attribute("agmarl.node", args.Node)
+            if self.binder is None:
+                return ExtenderBindingResult(Error="no Kubernetes API configured")
+            try:
+                await asyncio.wait_for(asyncio.to_thread(self.binder.bind, args.PodNamespace, args.PodName,
+                                                         args.PodUID, args.Node), BIND_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                return ExtenderBindingResult(Error=f"binding timed out after {BIND_TIMEOUT_S:.0f}s")
+            except Exception as exc:  # noqa: BLE001 - the error goes back to kube-scheduler
+                span.record_exception(exc)
+                return ExtenderBindingResult(Error=f"binding failed: {type(exc).__name__}: {_short(exc)}")
+        return ExtenderBindingResult()
+
+    async def preempt(self, args: ExtenderPreemptionArgs, headers: Any = None) -> ExtenderPreemptionResult:
+        """Passthrough: the extender adds no victims and vetoes no candidate node."""
+        if args.NodeNameToMetaVictims is not None:
+            return ExtenderPreemptionResult(NodeNameToMetaVictims=args.NodeNameToMetaVictims)
+        out = {}
+        for node, victims in (args.NodeNameToVictims or {}).items():
+            victims = victims or {}
+            pods = [MetaPod(UID=str(((p or {}).get("metadata") or {}).get("uid", ""))) for p in victims.get("Pods") or []]
+            out[node] = MetaVictims(Pods=pods, NumPDBViolations=int(victims.get("NumPDBViolations") or 0))
+        return ExtenderPreemptionResult(NodeNameToMetaVictims=out)
+
+
+BIND_TIMEOUT_S = 4.0  # below the 5 s httpTimeout of the bind configurations
+
+
+def _trace_id(span: trace.Span) -> str:
+    ctx = span.get_span_context()
+    return format(ctx.trace_id, "032x") if ctx.is_valid else ""
+
+
+def _request_names(args: ExtenderArgs) -> list[str]:
+    if args.Nodes is not None:
+        return [str((o.get("metadata") or {}).get("name", "")) for o in args.Nodes.items]
+    return list(args.NodeNames or [])
+
+
+def _short(exc: Exception, limit: int = 300) -> str:
+    text = str(exc).replace("\n", " ")
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+# ---------------------------------------------------------------------------------------------
+# Decision-log publisher: bounded queue, off the request path
+
+class DecisionPublisher:
+    """Fire and forget: ``offer`` never blocks; ``run`` publishes to JetStream in the background."""
+
+    def __init__(self, publish: Callable[[m.Decision], Awaitable[None]], metrics: ExtenderMetrics,
+                 tracer: trace.Tracer, connected: Callable[[], bool] = lambda: True, maxsize: int = 1024,
+                 timeout: float = 2.0):
+        self._publish, self.metrics, self.tracer, self.connected = publish, metrics, tracer, connected
+        self.queue: asyncio.Queue = asyncio.Queue(maxsize)
+        self.timeout = timeout
+        self.published = 0
+
+    def offer(self, decision: m.Decision, ctx: Any) -> bool:
+        """Queue ``decision`` (with the OpenTelemetry context of its request); False = dropped, counted."""
+        try:
+            self.queue.put_nowait((decision, ctx))
+            return True
+        except asyncio.QueueFull:
+            self.metrics.dropped.labels(reason="queue_full").inc()
+            return False
+
+    async def run(self) -> None:
+        while True:
+            decision, ctx = await self.queue.get()
+            if not self.connected():
+                self.metrics.dropped.labels(reason="nats_down").inc()
+                continue
+            with self.tracer.start_as_current_span("extender publish decision", context=ctx, kind=SpanKind.PRODUCER,
+                                                   attributes={"agmarl.decision_id": decision.decision_id}):
+                try:
+                    await asyncio.wait_for(self._publish(decision), self.timeout)
+                    self.published += 1
+                except Exception:  # noqa: BLE001 - counted; the request was answered long ago
+                    self.metrics.dropped.labels(reason="publish_error").inc()
+
+
+def decision_subject(decision: m.Decision) -> str:
+    return subjects.decision(decision.cluster, decision.namespace)
+
+
+# ---------------------------------------------------------------------------------------------
+# FastAPI routes
+
+VERBS = ("filter", "prioritize", "bind", "preempt")
+
+
+def get_extender(request: Request) -> ExtenderService:
+    return request.app.state.extender
+
+
+ExtenderDep = Annotated[ExtenderService, Depends(get_extender)]
+
+
+def _body(model: type[BaseModel], verb: str) -> Callable[[Request], Awaitable[Any]]:
+    """Dependency: the body read within ``max_body_bytes`` (413 past it), parsed (400 when it is not
+    JSON or not an ``model`` object); rejects are counted per verb and reason."""
+    async def read(request: Request, ext: ExtenderDep) -> Any:
+        limit = ext.settings.max_body_bytes
+
+        def reject(status: int, reason: str, detail: str) -> HTTPException:
+            ext.metrics.rejected.labels(verb=verb, reason=reason).inc()
+            return HTTPException(status, detail)
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > limit:
+            raise reject(413, "oversized", f"body of {length} bytes exceeds the limit of {limit} bytes")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise reject(413, "oversized", f"body exceeds the limit of {limit} bytes")
+        try:
+            data = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise reject(400, "malformed", f"body is not JSON: {exc}") from None
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}"
+                                 for e in exc.errors()[:5])
+            raise reject(400, "schema", f"not a {model.__name__}: {problems}") from None
+    return read
+
+
+FilterArgs = Annotated[ExtenderArgs, Depends(_body(ExtenderArgs, "filter"))]
+PrioritizeArgs = Annotated[ExtenderArgs, Depends(_body(ExtenderArgs, "prioritize"))]
+BindArgs = Annotated[ExtenderBindingArgs, Depends(_body(ExtenderBindingArgs, "bind"))]
+PreemptArgs = Annotated[ExtenderPreemptionArgs, Depends(_body(ExtenderPreemptionArgs, "preempt"))]
+_PRIORITIES = TypeAdapter(list[HostPriority])
+
+
+def _json(payload: bytes) -> Response:
+    return Response(content=payload, media_type="application/json")
+
+
+def _bad(ext: ExtenderService, verb: str, exc: BadRequest) -> HTTPException:
+    ext.metrics.rejected.labels(verb=verb, reason="invalid").inc()
+    return HTTPException(400, str(exc))
+
+
+router = APIRouter()
+
+
+@router.post("/filter", response_model=ExtenderFilterResult, response_model_exclude_none=True)
+async def filter_route(args: FilterArgs, ext: ExtenderDep, request: Request) -> Response:
+    try:
+        result = await ext.filter(args, request.headers)
+    except BadRequest as exc:
+        raise _bad(ext, "filter", exc) from None
+    except Exception:  # noqa: BLE001 - a bug must not fail scheduling: pass the nodes on
+        ext.fallback("error")
+        result = ExtenderFilterResult(Nodes=args.Nodes, NodeNames=None if args.Nodes else _request_names(args))
+    return _json(result.model_dump_json(exclude_none=True).encode())
+
+
+@router.post("/prioritize", response_model=list[HostPriority])
+async def prioritize_route(args: PrioritizeArgs, ext: ExtenderDep, request: Request) -> Response:
+    try:
+        result = await ext.prioritize(args, request.headers)
+    except BadRequest as exc:
+        raise _bad(ext, "prioritize", exc) from None
+    except Exception:  # noqa: BLE001
+        ext.fallback("error")
+        result = [HostPriority(Host=n, Score=NEUTRAL_SCORE) for n in _request_names(args)]
+    return _json(_PRIORITIES.dump_json(result))
+
+
+@router.post("/bind", response_model=ExtenderBindingResult)
+async def bind_route(args: BindArgs, ext: ExtenderDep, request: Request) -> Response:
+    try:
+        result = await ext.bind(args, request.headers)
+    except Exception as exc:  # noqa: BLE001
+        result = ExtenderBindingResult(Error=f"binding failed: {type(exc).__name__}")
+    return _json(result.model_dump_json().encode())
+
+
+@router.post("/preempt", response_model=ExtenderPreemptionResult)
+async def preempt_route(args: PreemptArgs, ext: ExtenderDep, request: Request) -> Response:
+    result = await ext.preempt(args, request.headers)
+    return _json(result.model_dump_json().encode())
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(ext: ExtenderDep) -> Response:
+    """Ready when NATS is connected and, for nodeCacheCapable requests, the cache holds a snapshot."""
+    problems = [p for p, bad in (("nats disconnected", not ext.connected()), ("no cluster snapshot yet",
+                                                                             not ext.cache.warm)) if bad]
+    body = {"status": "ready" if not problems else "not ready", "problems": problems,
+            "mode": ext.source.mode, "policy": ext.source.policy.name, "snapshot_seq": ext.cache.seq}
+    return Response(content=json.dumps(body), media_type="application/json", status_code=503 if problems else 200)

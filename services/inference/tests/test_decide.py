@@ -1,0 +1,56 @@
+"""One decision for one pod: guard, blending by rollout mode, explanation."""
+
+import numpy as np
+import pytest
+
+from agmarl_common.cluster.model import ClusterState, Node, Pod, bind
+from agmarl_common.policies.base import PolicyBase
+from agmarl_common.policies.registry import get_policy
+from agmarl_inference.decide import blend, decide, guard
+
+
+class PreferLast(PolicyBase):
+    """A stand-in 'model' that prefers the last candidate."""
+
+    name = "prefer-last"
+
+    def score(self, pod, state, candidates):
+        return np.asarray(candidates, dtype=float)
+
+
+def cluster() -> ClusterState:
+    s = ClusterState.empty([Node("a", 4000, 4000), Node("b", 4000, 4000), Node("c", 1000, 1000)])
+    return bind(s, Pod("busy", 3000, 3000), 0)
+
+
+def test_guard_drops_nodes_that_no_longer_fit():
+    assert guard(Pod("p", 2000, 100), cluster()).tolist() == [1]
+
+
+@pytest.mark.parametrize("mode,expected", [("full", [100.0, 0.0]), ("shadow", [0.0, 100.0]),
+                                           ("hybrid", [70.0, 30.0])])
+def test_blend(mode, expected):
+    assert blend(np.array([100.0, 0.0]), np.array([0.0, 100.0]), mode, 0.7).tolist() == pytest.approx(expected)
+
+
+def test_decide_uses_default_scoring_least_allocated():
+    choice = decide(Pod("p", 500, 500), cluster(), get_policy("kube-resources"), get_policy("kube-resources"),
+                    "full", 0.7)
+    assert choice.node == "b"  # emptiest node with room
+    assert choice.explanation["top"][0]["node"] == "b"
+    assert set(choice.scores) == {"a", "b", "c"}
+
+
+def test_decide_modes_follow_model_or_default():
+    default = get_policy("kube-resources")
+    model = PreferLast()
+    full = decide(Pod("p", 500, 500), cluster(), model, default, "full", 0.7)
+    shadow = decide(Pod("p", 500, 500), cluster(), model, default, "shadow", 0.7)
+    assert full.node == "c" and shadow.node == "b"
+    assert shadow.model_scores["c"] == 100.0  # the model's choice is still logged
+
+
+def test_decide_with_no_feasible_node_says_why():
+    choice = decide(Pod("huge", 99_000, 1), cluster(), get_policy("kube-resources"), get_policy("kube-resources"),
+                    "full", 0.7, {"a": "NodeResourcesFit: Insufficient cpu"})
+    assert choice.node == "" and choice.explanation["reason"] == "no feasible node"
