@@ -16,6 +16,7 @@ from agmarl_common.policies.registry import get_policy
 from agmarl_common.service import HandlerContext, ServiceRuntime
 from agmarl_common.settings import load_settings
 from agmarl_inference.decide import decide
+from agmarl_inference.http import setup_extender, start_extender
 from agmarl_inference.settings import InferenceSettings
 
 SERVICE = "inference"
@@ -54,6 +55,12 @@ class InferenceApp:
         self.policy, self.model_version, self.mode = policy, sel.model_version, sel.mode or self.mode
         self.rt.log.info("active policy now %s (version %s, mode %s): %s", policy.name, sel.model_version or "-",
                          self.mode, sel.reason)
+        self._set_active_gauge()
+
+    def set_mode(self, mode: str, reason: str) -> None:
+        """Rollout mode switched at run time (KV ``agmarl_config/rollout``): the loop and the extender."""
+        self.rt.log.info("rollout mode now %s (was %s): %s", mode, self.mode, reason)
+        self.mode = mode
         self._set_active_gauge()
 
     async def on_policy(self, msg: m.PolicySelection, ctx: HandlerContext) -> None:
@@ -99,10 +106,12 @@ async def main() -> int:
     app = InferenceApp(rt, settings)
     rt.handle(subjects.graph(settings.cluster), m.GraphRequest, queue=settings.queue_group)(app.on_graph)
     rt.handle(subjects.policy_selection(), m.PolicySelection)(app.on_policy)
+    extender = setup_extender(rt, app, settings, decisions=app.decisions)
     await rt.start()
     await rt.bus.ensure_streams()
     try:
         await load_active_policy(rt, app)
     except Exception as exc:  # noqa: BLE001 - no KV yet is normal at first start
         rt.log.info("no active policy in KV yet (%s); using %s", exc, app.policy.name)
+    await start_extender(rt, extender, settings)
     return await rt.run_until_stopped()

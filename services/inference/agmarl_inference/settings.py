@@ -15,3 +15,7 @@ class InferenceSettings(CommonSettings):
     canary_namespaces: list[str] = []  # canary mode: only these namespaces get the model's scores
     canary_label_selector: str = ""  # canary mode: or pods matching this label selector (k=v,k2=v2)
     batch_scheduler_name: str = ""  # schedulerName placed jointly in batch mode; empty = batch mode off
+    extender_budget_ms: int = 100  # every extender answer within this; late model/state -> default scores
+    # 16 MiB: a full v1.NodeList (nodeCacheCapable: false) of 5,000 nodes at ~2 KiB each is ~10 MB
+    max_body_bytes: int = 16 * 1024 * 1024
+    extender_path_prefixes: list[str] = ["", "/ext"]  # the verbs are served under each (scheduler urlPrefix)
