@@ -4,7 +4,8 @@ For each synthetic workload: one dynamic-simulator hour on a synthetic cluster w
 LeastAllocated policy (``kube-resources``), timed end to end; then, on the state that run ends
 with, the mean time of one ``feasible_mask`` call for a sample of the workload's pods (split by
 the constraints they carry), of ``filter_node`` over every node for one pod, and of one
-``violations(state)`` (what the state-collector runs at every snapshot). Prints markdown; the
+``violations(state)`` (what the state-collector runs at every snapshot), also on a state just
+decoded from its dict (as a snapshot arrives: nothing derived from it yet). Prints markdown; the
 figures in docs/performance.md come from it.
 
     .venv/bin/python benchmarks/filter_speed.py
@@ -18,7 +19,7 @@ import time
 from dataclasses import replace
 
 from agmarl_common.cluster.filters import feasible_mask, filter_node, violations
-from agmarl_common.cluster.model import ClusterState, Pod
+from agmarl_common.cluster.model import ClusterState, Pod, state_from_dict, state_to_dict
 from agmarl_common.policies.registry import get_policy
 from agmarl_common.sim.dynamic import SimConfig, run
 from agmarl_common.sim.synthetic import generate, synthetic_cluster
@@ -66,8 +67,8 @@ def main() -> None:
     args = ap.parse_args()
 
     print(f"nodes={args.nodes} horizon={args.horizon:.0f}s seed={args.seed} policy=kube-resources\n")
-    print("| workload | pods | dynamic run (s) | bound | live pods at end | violations() (ms) |")
-    print("|---|---|---|---|---|---|")
+    print("| workload | pods | dynamic run (s) | bound | live pods at end | violations() (ms) | on a decoded state (ms) |")
+    print("|---|---|---|---|---|---|---|")
     finals = []
     for name in args.workloads.split(","):
         nodes = synthetic_cluster(args.nodes, seed=args.seed)
@@ -77,8 +78,12 @@ def main() -> None:
         seconds = time.perf_counter() - start
         state = result.final_state.cluster
         v_ms = per_call_us(lambda: violations(state), 5) / 1000
+        wire = state_to_dict(state)
+        decoded = [state_from_dict(wire) for _ in range(3)]
+        fresh_ms = per_call_us(lambda: violations(decoded.pop()), 3) / 1000
         live = sum(len(b) for b in state.bound)
-        print(f"| {name} | {len(pods)} | {seconds:.1f} | {result.counters.bound} | {live} | {v_ms:.2f} |", flush=True)
+        print(f"| {name} | {len(pods)} | {seconds:.1f} | {result.counters.bound} | {live} | {v_ms:.2f} | {fresh_ms:.2f} |",
+              flush=True)
         finals.append((name, state, pods))
 
     print("\n| workload | pod kind | pods timed | feasible_mask (us/call) | filter_node x n_nodes (us) |")

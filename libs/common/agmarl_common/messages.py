@@ -91,6 +91,9 @@ class GraphRequest(Message):
     candidates: list[str]
     features: dict[str, list] = {}
     filtered_out: dict[str, str] = {}
+    # per inference replica, the highest decision ``origin_seq`` already reflected in ``features``:
+    # inference overlays its own later (in-flight) decisions, so pipelined pods do not collide
+    decisions_seen: dict[str, int] = {}
 
 
 class Decision(Message):
@@ -113,6 +116,8 @@ class Decision(Message):
     seen_at: float
     decided_at: float
     source: Literal["loop", "extender", "batch"] = "loop"
+    origin: str = ""  # the deciding inference replica
+    origin_seq: int = 0  # its decision counter (see GraphRequest.decisions_seen)
 
 
 class Reward(Message):

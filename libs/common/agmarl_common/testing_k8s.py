@@ -323,8 +323,9 @@ class _Handler(BaseHTTPRequestHandler):
         bookmarks = _truthy(query.get("allowWatchBookmarks"))
         deadline = time.monotonic() + float(query.get("timeoutSeconds") or 30)
         gone = status_json(410, "Expired", f"too old resource version: {since} ({s.oldest_rv})")
-        with s._cond:
+        with s._cond:  # the expiry check and the generations at once: a later drop/expire reaches this watch
             expired = since < s.oldest_rv
+            generations = (s._drop_generation, s._gone_generation)
         if expired and not s.gone_as_event:
             self._send_json(410, gone)
             return
@@ -336,12 +337,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._chunk({"type": "ERROR", "object": gone})
             self._end()
             return
-        self._stream(plural, since, bookmarks, deadline)
+        self._stream(plural, since, bookmarks, deadline, generations)
 
-    def _stream(self, plural: str, since: int, bookmarks: bool, deadline: float) -> None:
+    def _stream(self, plural: str, since: int, bookmarks: bool, deadline: float,
+                generations: tuple[int, int]) -> None:
         s = self.standin
-        with s._cond:
-            drop_gen, gone_gen = s._drop_generation, s._gone_generation
+        drop_gen, gone_gen = generations
         sent = since
         while True:
             with s._cond:

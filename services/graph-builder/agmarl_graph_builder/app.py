@@ -41,7 +41,8 @@ class GraphBuilderApp:
 
     async def on_decision(self, msg: m.Decision, ctx: HandlerContext) -> None:
         if msg.cluster == self.settings.cluster:
-            self.cache.on_decision(msg.pod_key, msg.node, tuple(msg.gpus), time.time())
+            self.cache.on_decision(msg.pod_key, msg.node, tuple(msg.gpus), time.time(), msg.origin,
+                                  msg.origin_seq)
             await self._release_deferred()
 
     async def _release_deferred(self) -> None:
@@ -86,7 +87,7 @@ class GraphBuilderApp:
         self.graphs.inc()
         await self.rt.publish(subjects.graph(self.settings.cluster), m.GraphRequest(
             cluster=msg.cluster, snapshot_seq=self.cache.seq, pod=msg.pod, seen_at=msg.seen_at,
-            candidates=names, features=features, filtered_out=reasons))
+            candidates=names, features=features, filtered_out=reasons, decisions_seen=dict(self.cache.seen)))
 
 
 async def main() -> int:

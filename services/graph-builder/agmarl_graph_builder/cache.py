@@ -22,6 +22,7 @@ class GraphCache:
     applied: set[str] = field(default_factory=set)  # pod keys bound optimistically since the snapshot
     in_flight: dict[str, tuple[str, float]] = field(default_factory=dict)  # coupled pod key -> (namespace, built at)
     recent: dict[str, tuple[str, tuple[int, ...], float]] = field(default_factory=dict)  # key -> (node, gpus, at)
+    seen: dict[str, int] = field(default_factory=dict)  # inference replica -> highest decision seq applied
 
     def on_snapshot(self, seq: int, state_dict: dict, now: float = 0.0, keep: float = 1.0) -> bool:
         """Replace the cached state with a newer snapshot; False for an old one.
@@ -63,9 +64,12 @@ class GraphCache:
                 return True
         return False
 
-    def on_decision(self, pod_key: str, node: str, gpus: tuple[int, ...], now: float = 0.0) -> bool:
+    def on_decision(self, pod_key: str, node: str, gpus: tuple[int, ...], now: float = 0.0,
+                    origin: str = "", origin_seq: int = 0) -> bool:
         """Apply a decision to the cache so the next pods see its resources taken."""
         self.in_flight.pop(pod_key, None)
+        if origin:
+            self.seen[origin] = max(self.seen.get(origin, 0), origin_seq)
         if node:
             self.recent[pod_key] = (node, gpus, now)
         return self._apply(pod_key, node, gpus)

@@ -169,15 +169,13 @@ class BatchBinder:
     # --- the loop -------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Forever: wait for pods, let the window fill, decide the batch, start its bindings."""
+        """Forever: wait for due pods, let the window fill, decide the batch, start its bindings."""
         while True:
-            await self.wake.wait()
-            self.wake.clear()
-            if self.state is None or not self.ledger.due(self.clock(), 1):
-                await self._idle()
+            if self.state is not None and self.ledger.due(self.clock(), 1):
+                await self._fill_window()
+                await self.run_batch()
                 continue
-            await self._fill_window()
-            await self.run_batch()
+            await self._idle()
 
     async def _fill_window(self) -> None:
         """Let the batch fill: until ``window_s`` passed or ``max_pods`` pods are due."""
@@ -186,22 +184,21 @@ class BatchBinder:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
+            self.wake.clear()
             try:
                 await asyncio.wait_for(self.wake.wait(), timeout=left)
             except TimeoutError:
                 return
-            self.wake.clear()
 
     async def _idle(self) -> None:
-        """Nothing due now: wake again when the earliest waiting pod is due (or on new input)."""
-        waits = [e.not_before for e in self.ledger.entries.values()
-                 if e.status in ("queued", "unschedulable")]
-        if waits and self.state is not None:
-            delay = max(0.01, min(waits) - self.clock())
-            try:
-                await asyncio.wait_for(self.wake.wait(), timeout=delay)
-            except TimeoutError:
-                self.wake.set()
+        """Nothing due: wait for new input, or until the earliest waiting pod is due."""
+        waits = [e.not_before for e in self.ledger.entries.values() if e.status in ("queued", "unschedulable")]
+        timeout = max(0.01, min(waits) - self.clock()) if waits and self.state is not None else None
+        self.wake.clear()
+        try:
+            await asyncio.wait_for(self.wake.wait(), timeout=timeout)
+        except TimeoutError:
+            pass
 
     async def run_batch(self) -> list[Placement]:
         """Decide every due pod (up to ``max_pods``) jointly and start their bindings."""
@@ -227,8 +224,6 @@ class BatchBinder:
             task = asyncio.get_running_loop().create_task(self._bind(pl, policy, batch_id, len(placements)))
             self.inflight.add(task)
             task.add_done_callback(self.inflight.discard)
-        if len(pods) == self.cfg.max_pods:
-            self.wake.set()  # more may be due
         self._update_gauge()
         return placements
 
@@ -241,6 +236,8 @@ class BatchBinder:
                     self.ledger.bound(key)
                     self.results.labels(result="bound").inc()
                     await self._publish(pl, policy, batch_id, size, self.ledger.entries[key].attempts + 1, "")
+                    self._published_reason.pop(key, None)
+                    self.contexts.pop(key, None)
                     return
                 except ApiException as exc:
                     why = f"HTTP {exc.status} {exc.reason}".strip()
@@ -315,11 +312,11 @@ class BatchBinder:
 
 
 def start_batch_mode(rt: ServiceRuntime, settings: Any, policy: Callable[[], Policy] | None = None,
-                     api_client: client.ApiClient | None = None) -> BatchBinder:
+                     api_client: client.ApiClient | None = None, cfg: BatchConfig | None = None) -> BatchBinder:
     """Subscribe the batch binder to pending pods and snapshots and start its loop (call in main()
     after building the runtime, before or after ``rt.start()``). ``policy`` returns the policy to
     score with (e.g. ``lambda: app.policy``); default: ``settings.baseline_policy``."""
-    cfg = BatchConfig.from_settings(settings)
+    cfg = cfg or BatchConfig.from_settings(settings)
     if policy is None:
         fixed = get_policy(settings.baseline_policy)
         policy = lambda: fixed  # noqa: E731

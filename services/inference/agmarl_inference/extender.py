@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import logging
 import threading
 import time
 import uuid
@@ -51,6 +52,8 @@ from agmarl_common.cluster.selectors import matches_label_selector
 from agmarl_common.policies.base import Policy, normalise_scores
 from agmarl_common.telemetry import extract
 from agmarl_inference.settings import InferenceSettings
+
+log = logging.getLogger("agmarl.inference.extender")
 
 MODES = ("shadow", "recommend", "canary", "hybrid", "full")
 MAX_EXTENDER_SCORE = 10  # kube-scheduler's MaxExtenderPriority
@@ -286,10 +289,14 @@ def failed_reasons(pod: Pod, state: ClusterState, failing: list[int]) -> dict[in
     pod affinity) in full only for the first _DETAILED_REASONS nodes that need them."""
     out: dict[int, FilterStatus] = {}
     detailed = 0
+    selectors = bool(pod.node_selector or pod.required_node_affinity)
     for i in failing:
         node = state.nodes[i]
-        status = next((s for s in (fits_node_unschedulable(pod, node), fits_taints(pod, node),
-                                   fits_node_selector(pod, node)) if not s.ok), None) or fits_resources(pod, state, i)
+        if selectors or node.taints or node.unschedulable or not node.ready:
+            status = next((s for s in (fits_node_unschedulable(pod, node), fits_taints(pod, node),
+                                       fits_node_selector(pod, node)) if not s.ok), None) or fits_resources(pod, state, i)
+        else:  # the node-only checks cannot fail here
+            status = fits_resources(pod, state, i)
         if status.ok:
             if detailed < _DETAILED_REASONS:
                 detailed += 1
@@ -367,6 +374,8 @@ class ExtenderService:
         self.connected = connected
         self.binder = binder
         self.budget = settings.extender_budget_ms / 1000.0
+        # the work must end a little before the budget: the answer still has to be written
+        self.work_budget = self.budget - min(0.010, 0.2 * self.budget)
         self.canary_selector = kc.parse_label_selector(settings.canary_label_selector) \
             if settings.canary_label_selector else None
         self._state_pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="extender-state")
@@ -407,13 +416,14 @@ class ExtenderService:
         except kc.KubeConvertError as exc:
             raise BadRequest(f"Pod: {exc}") from None
 
-    def _record(self, decision: m.Decision, result: str, span: trace.Span) -> None:
-        self.metrics.decisions.labels(policy=decision.policy, mode=decision.mode, source="extender",
-                                      result=result).inc()
+    def _record(self, build: Callable[[], m.Decision], result: str, policy: str, mode: str,
+                span: trace.Span) -> None:
+        """Count the decision; the entry itself is built and published after the answer has gone."""
+        self.metrics.decisions.labels(policy=policy, mode=mode, source="extender", result=result).inc()
         if self.publisher is None:
             self.metrics.dropped.labels(reason="no_publisher").inc()
         else:
-            self.publisher.offer(decision, trace.set_span_in_context(span))
+            self.publisher.offer(build, trace.set_span_in_context(span))
 
     # --- filter -------------------------------------------------------------------------------------
 
@@ -436,7 +446,7 @@ class ExtenderService:
         return ok, failed, unresolvable
 
     async def filter(self, args: ExtenderArgs, headers: Any = None) -> ExtenderFilterResult:
-        seen_at, deadline = time.time(), time.perf_counter() + self.budget
+        seen_at, deadline = time.time(), time.perf_counter() + self.work_budget
         pod = self._pod(args.Pod)
         with self._span("filter", headers) as span:
             span.set_attribute("agmarl.pod", pod.key)
@@ -462,9 +472,11 @@ class ExtenderService:
             span.set_attribute("agmarl.passed", len(ok))
             if not ok and (failed or unresolvable):
                 reasons = {**failed, **unresolvable}
-                self._record(self._bare(pod, span, seen_at, {
+                src, decided_at = self.source, time.time()
+                policy, version, mode = src.policy.name, src.model_version, src.mode
+                self._record(lambda: self._bare(pod, span, seen_at, decided_at, policy, version, mode, {
                     "verb": "filter", "reason": "no feasible node", "filtered_out": len(reasons),
-                    "filter_reasons": dict(list(reasons.items())[:10])}), "unschedulable", span)
+                    "filter_reasons": dict(list(reasons.items())[:10])}), "unschedulable", policy, mode, span)
         if args.Nodes is not None:
             keep = set(ok)
             items = [o for o in args.Nodes.items if (o.get("metadata") or {}).get("name") in keep]
@@ -472,14 +484,13 @@ class ExtenderService:
                                         FailedNodes=failed, FailedAndUnresolvableNodes=unresolvable)
         return ExtenderFilterResult(NodeNames=ok, FailedNodes=failed, FailedAndUnresolvableNodes=unresolvable)
 
-    def _bare(self, pod: Pod, span: trace.Span, seen_at: float, explanation: dict[str, Any]) -> m.Decision:
+    def _bare(self, pod: Pod, span: trace.Span, seen_at: float, decided_at: float, policy: str, version: str,
+              mode: str, explanation: dict[str, Any]) -> m.Decision:
         """A decision without a chosen node (no scores)."""
-        src = self.source
         return m.Decision(
             decision_id=uuid.uuid4().hex, cluster=self.settings.cluster, namespace=pod.namespace, pod_key=pod.key,
-            policy=src.policy.name, model_version=src.model_version, mode=src.mode,
-            explanation={"mode": src.mode, **explanation}, trace_id=_trace_id(span), seen_at=seen_at,
-            decided_at=time.time(), source="extender")
+            policy=policy, model_version=version, mode=mode, explanation={"mode": mode, **explanation},
+            trace_id=_trace_id(span), seen_at=seen_at, decided_at=decided_at, source="extender")
 
     # --- prioritize -----------------------------------------------------------------------------------
 
@@ -514,7 +525,7 @@ class ExtenderService:
             return None, self.fallback("model_error")
 
     async def prioritize(self, args: ExtenderArgs, headers: Any = None) -> list[HostPriority]:
-        seen_at, deadline = time.time(), time.perf_counter() + self.budget
+        seen_at, deadline = time.time(), time.perf_counter() + self.work_budget
         pod = self._pod(args.Pod)
         src = self.source
         policy, default, mode, version = src.policy, src.default, src.mode, src.model_version
@@ -540,27 +551,28 @@ class ExtenderService:
             names = req.names if req is not None else _request_names(args)
             kind = returned_kind(mode, opted, fallback) if base is not None else "neutral"
             scores = {n: NEUTRAL_SCORE for n in names}
+            decided_at = time.time()
             if base is not None:
                 chosen = (model if kind == "model" else base).norm
                 cand_names = [req.state.nodes[i].name for i in cand]
                 returned = to_extender_scores(chosen) if kind != "neutral" else [NEUTRAL_SCORE] * len(cand)
                 if kind != "neutral":
                     scores.update(zip(cand_names, returned))
-                decision = self._scored(pod, cand_names, model, base, mode, opted, returned, kind, fallback,
-                                        policy.name, version, span, seen_at)
+                build = lambda: self._scored(pod, cand_names, model, base, mode, opted, returned, kind,  # noqa: E731
+                                             fallback, policy.name, version, span, seen_at, decided_at)
             else:  # nothing to score: cache cold, a failure, or no candidate passes the hard filter here
-                decision = self._bare(pod, span, seen_at, {
+                build = lambda: self._bare(pod, span, seen_at, decided_at, policy.name, version, mode, {  # noqa: E731
                     "verb": "prioritize", "returned": kind, "fallback": fallback, "candidates": 0,
                     "reason": fallback or "no candidate passes the hard filter in the extender's view"})
-            self._record(decision, "fallback" if fallback else "scored" if base is not None else "unschedulable",
-                         span)
+            self._record(build, "fallback" if fallback else "scored" if base is not None else "unschedulable",
+                         policy.name, mode, span)
             span.set_attribute("agmarl.fallback", fallback)
             span.set_attribute("agmarl.returned", kind)
         return [HostPriority(Host=n, Score=s) for n, s in scores.items()]
 
     def _scored(self, pod: Pod, names: list[str], model: Scored | None, base: Scored, mode: str, opted: bool,
                 returned: list[int], kind: str, fallback: str, policy: str, version: str, span: trace.Span,
-                seen_at: float) -> m.Decision:
+                seen_at: float, decided_at: float) -> m.Decision:
         weights = blend_weights(mode, opted, self.settings.hybrid_model_weight)
         blended = base.norm if model is None else weights[1] * base.norm + weights[0] * model.norm
         best = int(np.argmax(blended))
@@ -584,7 +596,7 @@ class ExtenderService:
             node=names[best], policy=policy, model_version=version, mode=mode, score=round(float(blended[best]), 3),
             scores=rounded(blended), model_scores=rounded(model.norm) if model is not None else {},
             default_scores=rounded(base.norm), explanation=explanation, trace_id=_trace_id(span),
-            seen_at=seen_at, decided_at=time.time(), source="extender")
+            seen_at=seen_at, decided_at=decided_at, source="extender")
 
     # --- bind, preempt ------------------------------------------------------------------------------
 
@@ -649,10 +661,10 @@ class DecisionPublisher:
         self.timeout = timeout
         self.published = 0
 
-    def offer(self, decision: m.Decision, ctx: Any) -> bool:
-        """Queue ``decision`` (with the OpenTelemetry context of its request); False = dropped, counted."""
+    def offer(self, build: Callable[[], m.Decision], ctx: Any) -> bool:
+        """Queue a decision builder (with the OpenTelemetry context of its request); False = dropped, counted."""
         try:
-            self.queue.put_nowait((decision, ctx))
+            self.queue.put_nowait((build, ctx))
             return True
         except asyncio.QueueFull:
             self.metrics.dropped.labels(reason="queue_full").inc()
@@ -660,9 +672,15 @@ class DecisionPublisher:
 
     async def run(self) -> None:
         while True:
-            decision, ctx = await self.queue.get()
+            build, ctx = await self.queue.get()
             if not self.connected():
                 self.metrics.dropped.labels(reason="nats_down").inc()
+                continue
+            try:
+                decision = await asyncio.to_thread(build)  # off the event loop: requests keep flowing
+            except Exception:  # noqa: BLE001 - a bug in the explanation must not stop the log
+                log.exception("decision-log entry could not be built")
+                self.metrics.dropped.labels(reason="build_error").inc()
                 continue
             with self.tracer.start_as_current_span("extender publish decision", context=ctx, kind=SpanKind.PRODUCER,
                                                    attributes={"agmarl.decision_id": decision.decision_id}):

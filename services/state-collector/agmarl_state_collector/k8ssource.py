@@ -21,6 +21,7 @@ import logging
 import os
 import random
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -132,10 +133,12 @@ class KubernetesSource:
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the watch threads (their open streams are shut down) and wait for them."""
         self._stop.set()
-        for w in list(self._watches.values()):
-            w.stop()
+        deadline = time.monotonic() + timeout
         for t in self._threads:
-            t.join(timeout)
+            while t.is_alive() and time.monotonic() < deadline:
+                for w in list(self._watches.values()):
+                    w.stop()  # again and again: a watch still connecting has no socket to shut yet
+                t.join(0.05)
 
     @property
     def alive(self) -> bool:

@@ -2,10 +2,15 @@
 
 ``filter_node`` runs the checks in kube-scheduler's default order (NodeUnschedulable,
 TaintToleration, NodeAffinity, NodeResourcesFit incl. GPUs, PodTopologySpread, InterPodAffinity)
-and returns the first failure. ``feasible_mask`` computes the same answer for every node at once:
-resources and GPUs vectorised over the state's arrays, per-node Python only for the nodes and
-pods that need it (tainted or cordoned nodes, pods with selectors, spread or affinity, nodes that
-hold pods with affinity terms). Both are pure: nothing is cached between calls.
+and returns the first failure. ``feasible_mask`` computes the same answer for every node at once.
+The pod-to-pod checks (spread, affinity) are written once, as whole-cluster arrays (which node
+fails, and why) that both use: ``filter_node`` reads one entry, ``feasible_mask`` all of them.
+
+They never scan every bound pod: the state's ``PodIndex`` (model.py, kept current by bind/unbind)
+counts bound pods per node by label set and by required anti-affinity term, so a term costs one
+selector match per label set that could match, then a few numpy operations over nodes. Topology
+domains and node-affinity masks are derived once per ``nodes`` tuple (``_remember``). Results
+depend only on the arguments: what is memoised is derived from them.
 """
 
 from __future__ import annotations
@@ -15,7 +20,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agmarl_common.cluster.model import GPU_MILLI, MAX_GPUS, ClusterState, Node, Pod, Taint, choose_gpus
+from agmarl_common.cluster.model import (
+    GPU_MILLI,
+    MAX_GPUS,
+    ClusterState,
+    Node,
+    Pod,
+    PodAffinityTerm,
+    Taint,
+    choose_gpus,
+    labels_key,
+    pod_index,
+    term_key,
+)
 from agmarl_common.cluster.selectors import (
     NO_EXECUTE,
     NO_SCHEDULE,
@@ -26,6 +43,7 @@ from agmarl_common.cluster.selectors import (
     label_value,
     matches_label_selector,
     pod_matches_node_affinity,
+    term_matches,
     term_matches_pod,
 )
 
@@ -151,141 +169,203 @@ def _resource_mask(pod: Pod, state: ClusterState) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
+# Bulk views: topology domains of the nodes, and bound pods matching terms (from the PodIndex)
+
+_CACHE_LIMIT = 4096  # entries of derived node data kept per nodes tuple
+
+
+def _remember(state: ClusterState, key: tuple, compute):
+    """``compute()``, memoised in the state's per-nodes cache (derived data: results never depend on it)."""
+    cache = pod_index(state).node_cache
+    try:
+        return cache[key]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable selector (e.g. lists from a hand-built pod): compute every time
+        return compute()
+    if len(cache) >= _CACHE_LIMIT:
+        cache.clear()
+    value = cache[key] = compute()
+    return value
+
+
+def _domains(state: ClusterState, key: str) -> tuple[np.ndarray, dict[str, int]]:
+    """(n,) int64 domain of every node for topology ``key`` (-1 = no such label), and value -> domain."""
+    def compute():
+        ids: dict[str, int] = {}
+        values = [label_value(nd, key) for nd in state.nodes]
+        codes = np.array([-1 if v is None else ids.setdefault(v, len(ids)) for v in values], dtype=np.int64)
+        return codes, ids
+    return _remember(state, ("domains", key), compute)
+
+
+def _node_affinity_mask(pod: Pod, state: ClusterState) -> np.ndarray:
+    """(n,) bool: ``pod_matches_node_affinity`` on every node (read-only array)."""
+    if not pod.node_selector and not pod.required_node_affinity:
+        return np.ones(state.n_nodes, dtype=bool)
+    return _remember(state, ("node_affinity", labels_key(pod.node_selector), pod.required_node_affinity),
+                     lambda: np.array([pod_matches_node_affinity(pod, nd) for nd in state.nodes], dtype=bool))
+
+
+def _matching_counts(state: ClusterState, terms: tuple[PodAffinityTerm, ...], owner_ns: str) -> np.ndarray:
+    """(n,) bound pods per node matching every one of ``terms`` (owned by a pod in ``owner_ns``)."""
+    idx = pod_index(state)
+    candidates = None  # groups holding a matchLabels pair that every match must carry: the fewest found
+    for t in terms:
+        for pair in t.label_selector.match_labels.items():
+            bucket = idx.group_pairs.get(pair, frozenset())
+            if candidates is None or len(bucket) < len(candidates):
+                candidates = bucket
+    total = np.zeros(state.n_nodes, dtype=np.int64)
+    for gk in idx.groups if candidates is None else candidates:
+        labels, counts = idx.groups[gk]
+        if all(term_matches(t, owner_ns, gk[0], labels) for t in terms):
+            total += counts
+    return total
+
+
+def _hit_domains(codes: np.ndarray, counts: np.ndarray, n_domains: int) -> np.ndarray:
+    """(n_domains + 1,) bool: domains holding a counted pod; the extra last entry (False) is where code -1 reads."""
+    has = codes >= 0
+    per = np.bincount(codes[has], weights=counts[has], minlength=n_domains)
+    return np.append(per > 0, False)
+
+
+# ---------------------------------------------------------------------------------------------
 # PodTopologySpread (DoNotSchedule)
 
-
-@dataclass(frozen=True)
-class _SpreadContext:
-    constraints: tuple  # the DoNotSchedule constraints
-    counts: tuple[Counter, ...]  # per constraint: domain value -> matching pods
-    minimum: tuple[int, ...]  # per constraint: global minimum used in the skew
+_SPREAD_REASONS = ("", "node(s) didn't match pod topology spread constraints (missing required label)",
+                   "node(s) didn't match pod topology spread constraints")
 
 
 def _hard_constraints(pod: Pod) -> tuple:
     return tuple(c for c in pod.topology_spread if c.when_unsatisfiable == "DoNotSchedule")
 
 
+def _spread_domain_counts(pod: Pod, state: ClusterState, constraints: tuple) -> list[tuple[np.ndarray, ...]]:
+    """Per constraint: (node domains, matching pods per domain, domain is eligible), over eligible nodes:
+    nodes that pass the pod's nodeSelector/required affinity and carry every constraint's topology key.
+    Matching pods: same namespace as the pod, labels matching the constraint's selector."""
+    codes = [_domains(state, c.topology_key)[0] for c in constraints]
+    eligible = _node_affinity_mask(pod, state).copy()
+    for cd in codes:
+        eligible &= cd >= 0
+    out = []
+    for c, cd in zip(constraints, codes):
+        n_domains = len(_domains(state, c.topology_key)[1])
+        matching = _matching_counts(state, (PodAffinityTerm(c.label_selector, c.topology_key),), pod.namespace)
+        where = cd[eligible]
+        counts = np.bincount(where, weights=matching[eligible], minlength=n_domains).astype(np.int64)
+        out.append((cd, counts, np.bincount(where, minlength=n_domains) > 0))
+    return out
+
+
 def spread_counts(pod: Pod, state: ClusterState, constraints: tuple) -> tuple[Counter, ...]:
-    """Matching pods per domain of each constraint, over eligible nodes: nodes that pass the pod's
-    nodeSelector/required affinity and carry every constraint's topology key. Every eligible
-    domain is present (possibly with 0)."""
-    counts = tuple(Counter() for _ in constraints)
-    keys = [c.topology_key for c in constraints]
-    for j, node in enumerate(state.nodes):
-        values = [label_value(node, k) for k in keys]
-        if any(v is None for v in values) or not pod_matches_node_affinity(pod, node):
-            continue
-        for c, v, cnt in zip(constraints, values, counts):
-            cnt[v] += sum(1 for q in state.bound[j]
-                          if q.namespace == pod.namespace and matches_label_selector(c.label_selector, q.labels))
-    return counts
+    """Matching pods per domain of each constraint, over eligible nodes (see ``_spread_domain_counts``).
+    Every eligible domain is present (possibly with 0)."""
+    out = []
+    for c, (_, counts, eligible) in zip(constraints, _spread_domain_counts(pod, state, constraints)):
+        ids = _domains(state, c.topology_key)[1]
+        out.append(Counter({v: int(counts[d]) for v, d in ids.items() if eligible[d]}))
+    return tuple(out)
 
 
-def _spread_context(pod: Pod, state: ClusterState) -> _SpreadContext:
+def _spread_failures(pod: Pod, state: ClusterState) -> np.ndarray | None:
+    """(n,) int8 index into ``_SPREAD_REASONS`` of each node's first failing constraint (0 = fits);
+    None when the pod has no DoNotSchedule constraint."""
     constraints = _hard_constraints(pod)
-    counts = spread_counts(pod, state, constraints)
-    minimum = []
-    for c, cnt in zip(constraints, counts):
-        if len(cnt) < c.min_domains:
-            minimum.append(0)
+    if not constraints:
+        return None
+    fail = np.zeros(state.n_nodes, dtype=np.int8)
+    per = _spread_domain_counts(pod, state, constraints)
+    for c, (cd, counts, eligible) in reversed(list(zip(constraints, per))):  # the first failure wins
+        n_eligible = int(eligible.sum())
+        if n_eligible < c.min_domains:
+            low = 0
         else:
-            minimum.append(min(cnt.values()) if cnt else _MAX_INT)
-    return _SpreadContext(constraints, counts, tuple(minimum))
-
-
-def _check_spread(pod: Pod, node: Node, ctx: _SpreadContext) -> FilterStatus:
-    for c, cnt, low in zip(ctx.constraints, ctx.counts, ctx.minimum):
-        value = label_value(node, c.topology_key)
-        if value is None:
-            return _fail("PodTopologySpread", "node(s) didn't match pod topology spread constraints (missing required label)")
+            low = int(counts[eligible].min()) if n_eligible else _MAX_INT
         self_match = 1 if matches_label_selector(c.label_selector, pod.labels) else 0
-        if cnt.get(value, 0) + self_match - low > c.max_skew:
-            return _fail("PodTopologySpread", "node(s) didn't match pod topology spread constraints")
-    return OK
+        skew = np.append(counts, 0)[cd] + self_match - low > c.max_skew
+        this = np.where(cd < 0, 1, np.where(skew, 2, 0))
+        fail = np.where(this > 0, this, fail).astype(np.int8)
+    return fail
 
 
 def fits_topology_spread(pod: Pod, state: ClusterState, i: int) -> FilterStatus:
     """PodTopologySpread with whenUnsatisfiable=DoNotSchedule: matching + self - global min <= maxSkew."""
-    if not _hard_constraints(pod):
+    fail = _spread_failures(pod, state)
+    if fail is None or fail[i] == 0:
         return OK
-    return _check_spread(pod, state.nodes[i], _spread_context(pod, state))
+    return _fail("PodTopologySpread", _SPREAD_REASONS[fail[i]])
 
 
 # ---------------------------------------------------------------------------------------------
 # InterPodAffinity (required terms)
 
-
-@dataclass(frozen=True)
-class _AffinityContext:
-    affinity_counts: Counter  # (key, value) -> existing pods matching ALL required affinity terms
-    anti_pairs: frozenset  # (key, value) where an existing pod matches one of the pod's anti terms
-    existing_anti: frozenset  # (key, value) forbidden by existing pods' anti-affinity to this pod
-    self_match: bool  # the pod matches all its own affinity terms
+_AFFINITY_REASONS = ("", "node(s) didn't match pod affinity rules", "node(s) didn't match pod anti-affinity rules",
+                     "node(s) didn't satisfy existing pods anti-affinity rules")
 
 
-def _affinity_nodes(state: ClusterState) -> np.ndarray:
-    """Node indexes holding pods with affinity terms (all nodes when the index is unavailable)."""
-    if state.affinity_pods.shape[0] == state.n_nodes:
-        return np.flatnonzero(state.affinity_pods)
-    return np.arange(state.n_nodes)
+def _existing_anti(pod: Pod, state: ClusterState) -> np.ndarray | None:
+    """(n,) bool: nodes in a domain where a bound pod's required anti-affinity term matches ``pod``;
+    None when there is none."""
+    idx = pod_index(state)
+    if not idx.anti:
+        return None
+    keys = set(idx.anti_pairs.get(None, ()))
+    for pair in pod.labels.items():
+        keys.update(idx.anti_pairs.get(pair, ()))
+    per_key: dict[str, np.ndarray] = {}
+    for ak in keys:
+        term, counts = idx.anti[ak]
+        if term_matches(term, ak[0], pod.namespace, pod.labels):
+            k = term.topology_key
+            per_key[k] = per_key[k] + counts if k in per_key else counts
+    if not per_key:
+        return None
+    bad = np.zeros(state.n_nodes, dtype=bool)
+    for key, counts in per_key.items():
+        cd, ids = _domains(state, key)
+        bad |= _hit_domains(cd, counts, len(ids))[cd]
+    return bad if bad.any() else None
 
 
-def _existing_anti(pod: Pod, state: ClusterState) -> frozenset:
-    pairs = set()
-    for j in _affinity_nodes(state):
-        node = state.nodes[j]
-        for q in state.bound[j]:
-            for term in q.pod_anti_affinity:
-                v = label_value(node, term.topology_key)
-                if v is not None and term_matches_pod(term, q.namespace, pod):
-                    pairs.add((term.topology_key, v))
-    return frozenset(pairs)
-
-
-def _affinity_context(pod: Pod, state: ClusterState) -> _AffinityContext:
-    aff: Counter = Counter()
-    anti = set()
-    if pod.pod_affinity or pod.pod_anti_affinity:
-        for j, node in enumerate(state.nodes):
-            for q in state.bound[j]:
-                if pod.pod_affinity and all(term_matches_pod(t, pod.namespace, q) for t in pod.pod_affinity):
-                    for t in pod.pod_affinity:
-                        v = label_value(node, t.topology_key)
-                        if v is not None:
-                            aff[(t.topology_key, v)] += 1
-                for t in pod.pod_anti_affinity:
-                    v = label_value(node, t.topology_key)
-                    if v is not None and term_matches_pod(t, pod.namespace, q):
-                        anti.add((t.topology_key, v))
-    self_match = all(term_matches_pod(t, pod.namespace, pod) for t in pod.pod_affinity)
-    return _AffinityContext(aff, frozenset(anti), _existing_anti(pod, state), self_match)
-
-
-def _check_affinity(pod: Pod, node: Node, ctx: _AffinityContext) -> FilterStatus:
-    exist = True
-    for t in pod.pod_affinity:
-        v = label_value(node, t.topology_key)
-        if v is None:
-            return _fail("InterPodAffinity", "node(s) didn't match pod affinity rules")
-        if ctx.affinity_counts[(t.topology_key, v)] <= 0:
-            exist = False
-    # the first pod of a self-affine group may go anywhere that has the topology keys
-    if not exist and not (len(ctx.affinity_counts) == 0 and ctx.self_match):
-        return _fail("InterPodAffinity", "node(s) didn't match pod affinity rules")
+def _affinity_failures(pod: Pod, state: ClusterState) -> np.ndarray | None:
+    """(n,) int8 index into ``_AFFINITY_REASONS`` (0 = fits; affinity, then the pod's anti-affinity, then
+    existing pods' anti-affinity); None when nothing can fail."""
+    existing = _existing_anti(pod, state)
+    if not pod.pod_affinity and not pod.pod_anti_affinity and existing is None:
+        return None
+    fail = np.zeros(state.n_nodes, dtype=np.int8)
+    if existing is not None:
+        fail[existing] = 3
     for t in pod.pod_anti_affinity:
-        v = label_value(node, t.topology_key)
-        if v is not None and (t.topology_key, v) in ctx.anti_pairs:
-            return _fail("InterPodAffinity", "node(s) didn't match pod anti-affinity rules")
-    for key, v in ctx.existing_anti:
-        if label_value(node, key) == v:
-            return _fail("InterPodAffinity", "node(s) didn't satisfy existing pods anti-affinity rules")
-    return OK
+        cd, ids = _domains(state, t.topology_key)
+        fail[_hit_domains(cd, _matching_counts(state, (t,), pod.namespace), len(ids))[cd]] = 2
+    if pod.pod_affinity:
+        matching = _matching_counts(state, pod.pod_affinity, pod.namespace)  # pods matching ALL terms
+        missing = np.zeros(state.n_nodes, dtype=bool)
+        exist = np.ones(state.n_nodes, dtype=bool)
+        any_match = False
+        for t in pod.pod_affinity:
+            cd, ids = _domains(state, t.topology_key)
+            hit = _hit_domains(cd, matching, len(ids))
+            any_match = any_match or bool(hit.any())
+            missing |= cd < 0
+            exist &= hit[cd]
+        # the first pod of a self-affine group may go anywhere that has the topology keys
+        self_match = all(term_matches_pod(t, pod.namespace, pod) for t in pod.pod_affinity)
+        fail[missing | (~exist & (any_match or not self_match))] = 1
+    return fail
 
 
 def fits_pod_affinity(pod: Pod, state: ClusterState, i: int) -> FilterStatus:
     """InterPodAffinity filter: the pod's required affinity and anti-affinity, and existing pods'
     required anti-affinity against this pod, each per topology domain."""
-    return _check_affinity(pod, state.nodes[i], _affinity_context(pod, state))
+    fail = _affinity_failures(pod, state)
+    if fail is None or fail[i] == 0:
+        return OK
+    return _fail("InterPodAffinity", _AFFINITY_REASONS[fail[i]])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,17 +407,17 @@ def feasible_mask(pod: Pod, state: ClusterState) -> np.ndarray:
     else:
         mask &= state.schedulable
     tainted = _tainted(state)
-    if tainted.any():
-        _refine(mask, np.flatnonzero(mask & tainted), lambda i: first_untolerated(nodes[i].taints, pod.tolerations) is None)
+    if tainted.any() and (mask & tainted).any():
+        mask &= _remember(state, ("tolerated", pod.tolerations), lambda: np.array(
+            [first_untolerated(nd.taints, pod.tolerations) is None for nd in nodes], dtype=bool))
     if pod.node_selector or pod.required_node_affinity:
-        _refine(mask, np.flatnonzero(mask), lambda i: pod_matches_node_affinity(pod, nodes[i]))
+        mask &= _node_affinity_mask(pod, state)
     if _hard_constraints(pod) and mask.any():
-        sctx = _spread_context(pod, state)
-        _refine(mask, np.flatnonzero(mask), lambda i: _check_spread(pod, nodes[i], sctx).ok)
-    if (pod.pod_affinity or pod.pod_anti_affinity or _affinity_nodes(state).size) and mask.any():
-        actx = _affinity_context(pod, state)
-        if pod.pod_affinity or pod.pod_anti_affinity or actx.existing_anti:
-            _refine(mask, np.flatnonzero(mask), lambda i: _check_affinity(pod, nodes[i], actx).ok)
+        mask &= _spread_failures(pod, state) == 0
+    if mask.any():
+        fail = _affinity_failures(pod, state)
+        if fail is not None:
+            mask &= fail == 0
     return mask
 
 
@@ -348,6 +428,14 @@ def feasible_nodes(pod: Pod, state: ClusterState) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------------
 # Legality of a whole state
+
+
+def _capacity_flags(state: ClusterState) -> np.ndarray:
+    """(n,) bool: nodes for which ``_capacity_violations`` reports something."""
+    bad = (state.cpu_used > state.cpu_cap) | (state.mem_used > state.mem_cap) | (state.pods_used > state.pods_cap)
+    bad |= (state.eph_cap > 0) & (state.eph_used > state.eph_cap)
+    gpu = (~state.gpu_exists() & (state.gpu_used != 0)) | (state.gpu_used > GPU_MILLI)
+    return bad | gpu.any(axis=1)
 
 
 def _capacity_violations(state: ClusterState, i: int) -> list[str]:
@@ -367,24 +455,43 @@ def _capacity_violations(state: ClusterState, i: int) -> list[str]:
     return out
 
 
-def _pod_violations(state: ClusterState, i: int, p: Pod) -> list[str]:
+def _anti_violations(state: ClusterState, i: int, p: Pod, memo: dict) -> list[str]:
+    """Pods other than ``p`` (on node i) in one of its required anti-affinity domains that match the term."""
+    node, out = state.nodes[i], []
+    for term in p.pod_anti_affinity:
+        cd, ids = _domains(state, term.topology_key)
+        if cd[i] < 0:
+            continue
+        key = (p.namespace, term_key(term))
+        if key not in memo:
+            matching = _matching_counts(state, (term,), p.namespace)
+            has = cd >= 0
+            memo[key] = matching, np.bincount(cd[has], weights=matching[has], minlength=len(ids))
+        matching, per_domain = memo[key]
+        if per_domain[cd[i]] - (1 if term_matches_pod(term, p.namespace, p) else 0) <= 0:
+            continue  # nothing but p itself matches in its domain
+        mine = label_value(node, term.topology_key)
+        for j in np.flatnonzero((cd == cd[i]) & (matching > 0)).tolist():
+            for q in state.bound[j]:
+                if q.key != p.key and term_matches_pod(term, p.namespace, q):
+                    out.append(f"{p.key} on {node.name}: anti-affinity ({term.topology_key}={mine}) "
+                               f"violated by {q.key} on {state.nodes[j].name}")
+    return out
+
+
+def _pod_violations(state: ClusterState, i: int, p: Pod, memo: dict) -> list[str]:
     node, out = state.nodes[i], []
     where = f"{p.key} on {node.name}"
     if p.num_gpu and p.gpu_spec and state.gpu_model[i] not in p.gpu_spec:
         out.append(f"{where}: gpu model {state.gpu_model[i]!r} not in gpu_spec {list(p.gpu_spec)}")
-    for status in (fits_node_selector(p, node), fits_taints(p, node)):
+    checks = ((fits_node_selector,) if p.node_selector or p.required_node_affinity else ()) + (
+        (fits_taints,) if node.taints else ())  # without selector or taints these checks pass
+    for check in checks:
+        status = check(p, node)
         if not status.ok:
             out.append(f"{where}: {status.plugin}: {status.reason}")
-    for term in p.pod_anti_affinity:
-        mine = label_value(node, term.topology_key)
-        if mine is None:
-            continue
-        for j, other in enumerate(state.nodes):
-            if label_value(other, term.topology_key) != mine:
-                continue
-            for q in state.bound[j]:
-                if q.key != p.key and term_matches_pod(term, p.namespace, q):
-                    out.append(f"{where}: anti-affinity ({term.topology_key}={mine}) violated by {q.key} on {other.name}")
+    if p.pod_anti_affinity:
+        out.extend(_anti_violations(state, i, p, memo))
     return out
 
 
@@ -397,8 +504,13 @@ def violations(state: ClusterState) -> list[str]:
     and topology spread (they depend on pods that may have left since the bind).
     """
     out: list[str] = []
+    capacity = _capacity_flags(state)
+    memo: dict = {}  # (namespace, term) -> pods matching it per node and per domain
     for i in range(state.n_nodes):
-        out.extend(_capacity_violations(state, i))
+        if capacity[i]:
+            out.extend(_capacity_violations(state, i))
         for p in state.bound[i]:
-            out.extend(_pod_violations(state, i, p))
+            if (p.num_gpu and p.gpu_spec) or p.node_selector or p.required_node_affinity or p.pod_anti_affinity \
+                    or state.nodes[i].taints:
+                out.extend(_pod_violations(state, i, p, memo))
     return out

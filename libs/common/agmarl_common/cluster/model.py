@@ -196,12 +196,16 @@ class ClusterState:
     # derived indexes that let the hard filter skip work (filled by ``empty``, kept by bind/unbind)
     tainted: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # (n,) node has any taint
     affinity_pods: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (n,) bound pods with has_pod_affinity
+    # bound pods grouped by labels and anti-affinity terms (see ``PodIndex``); kept by bind/unbind/unbind_at,
+    # rebuilt by ``pod_index`` when absent or stale (a state made with ``replace(bound=...)``)
+    pods_by_label: "PodIndex | None" = field(default=None, compare=False, repr=False)
 
     @staticmethod
     def empty(nodes: tuple[Node, ...] | list[Node]) -> "ClusterState":
         nodes = tuple(nodes)
         n = len(nodes)
         z = np.zeros(n, dtype=np.int64)
+        bound: tuple[tuple[Pod, ...], ...] = tuple(() for _ in range(n))
         return ClusterState(
             nodes=nodes,
             cpu_used=z.copy(),
@@ -209,7 +213,7 @@ class ClusterState:
             pods_used=z.copy(),
             eph_used=z.copy(),
             gpu_used=np.zeros((n, MAX_GPUS), dtype=np.int64),
-            bound=tuple(() for _ in range(n)),
+            bound=bound,
             index={node.name: i for i, node in enumerate(nodes)},
             cpu_cap=np.array([nd.cpu_milli for nd in nodes], dtype=np.int64),
             mem_cap=np.array([nd.memory_mib for nd in nodes], dtype=np.int64),
@@ -220,6 +224,7 @@ class ClusterState:
             schedulable=np.array([nd.ready and not nd.unschedulable for nd in nodes], dtype=bool),
             tainted=np.array([bool(nd.taints) for nd in nodes], dtype=bool),
             affinity_pods=z.copy(),
+            pods_by_label=PodIndex.build(nodes, bound),
         )
 
     def with_nodes(self, nodes: tuple[Node, ...] | list[Node]) -> "ClusterState":
@@ -271,6 +276,140 @@ def choose_gpus(pod: Pod, gpu_free_row: np.ndarray) -> tuple[int, ...] | None:
     return tuple(int(j) for j in whole[: pod.num_gpu])
 
 
+# ---------------------------------------------------------------------------------------------
+# Index of bound pods by labels and by required anti-affinity term, for the hard filter
+
+
+def labels_key(labels: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(labels.items()))
+
+
+def term_key(term: PodAffinityTerm) -> tuple:
+    """A hashable key equal for equal terms (selectors hold dicts, so terms themselves do not hash)."""
+    sel = term.label_selector
+    return labels_key(sel.match_labels), sel.match_expressions, term.topology_key, term.namespaces
+
+
+def _with(mapping: Mapping, key: Any, value: Any) -> dict:
+    out = dict(mapping)
+    if value is None:
+        out.pop(key, None)
+    else:
+        out[key] = value
+    return out
+
+
+def _bucket(buckets: Mapping, pair: Any, key: Any, add: bool) -> Mapping:
+    """``buckets`` with ``key`` added to / removed from the set under ``pair``."""
+    old = buckets.get(pair, frozenset())
+    new = old | {key} if add else old - {key}
+    return _with(buckets, pair, new or None)
+
+
+def _anti_pair(term: PodAffinityTerm) -> tuple[str, str] | None:
+    """A label pair every pod matching ``term`` carries (its first matchLabels pair), None when it has none."""
+    items = labels_key(term.label_selector.match_labels)
+    return items[0] if items else None
+
+
+@dataclass(frozen=True)
+class PodIndex:
+    """Bound pods summarised so that the hard filter need not scan them all (derived from ``bound``).
+
+    - ``groups``: (namespace, sorted label items) -> (labels, (n,) bound pods with exactly those labels per node);
+    - ``group_pairs``: label (key, value) -> keys of the groups whose labels hold that pair;
+    - ``anti``: (owner namespace, ``term_key``) -> (term, (n,) bound pods per node carrying that required
+      anti-affinity term);
+    - ``anti_pairs``: ``_anti_pair(term)`` (a pair every matching pod carries; None when the selector has no
+      matchLabels) -> keys of ``anti``;
+    - ``zero_cpu`` / ``zero_mem``: (n,) bound pods per node without a cpu / memory request;
+    - ``node_cache``: derived data of ``nodes`` (topology domains, node-affinity masks) that the hard filter
+      fills lazily; shared by the indexes of every state with the same ``nodes`` tuple.
+    ``bound`` and ``nodes`` are the very tuples of the state described: ``pod_index`` rebuilds on mismatch.
+    Count arrays are never modified after construction; groups and terms with no pod left are dropped.
+    """
+
+    bound: tuple
+    nodes: tuple
+    groups: Mapping[tuple, tuple[Mapping[str, str], np.ndarray]]
+    group_pairs: Mapping[tuple[str, str], frozenset]
+    anti: Mapping[tuple, tuple[PodAffinityTerm, np.ndarray]]
+    anti_pairs: Mapping[tuple[str, str] | None, frozenset]
+    zero_cpu: np.ndarray
+    zero_mem: np.ndarray
+    node_cache: dict = field(default_factory=dict, compare=False)
+
+    @staticmethod
+    def build(nodes: tuple[Node, ...], bound: tuple[tuple[Pod, ...], ...]) -> "PodIndex":
+        n = len(bound)
+        idx = PodIndex(bound, nodes, {}, {}, {}, {}, np.zeros(n, np.int64), np.zeros(n, np.int64))
+        for i, pods in enumerate(bound):
+            for p in pods:
+                idx = idx.add(i, p, bound, nodes)
+        return idx
+
+    def add(self, i: int, pod: Pod, bound: tuple, nodes: tuple) -> "PodIndex":
+        """The index of ``bound`` = this index's bound plus ``pod`` on node i."""
+        return self._change(i, pod, bound, nodes, +1)
+
+    def remove(self, i: int, pod: Pod, bound: tuple, nodes: tuple) -> "PodIndex":
+        """The index of ``bound`` = this index's bound less ``pod`` on node i."""
+        return self._change(i, pod, bound, nodes, -1)
+
+    def _change(self, i: int, pod: Pod, bound: tuple, nodes: tuple, delta: int) -> "PodIndex":
+        n = len(bound)
+        gk = (pod.namespace, labels_key(pod.labels))
+        labels, counts = self.groups.get(gk, (pod.labels, None))
+        counts = _bumped(counts, n, i, delta)
+        groups, group_pairs = _with(self.groups, gk, (labels, counts) if counts is not None else None), self.group_pairs
+        if (gk in self.groups) != (counts is not None):  # a group appeared or vanished
+            for pair in gk[1]:
+                group_pairs = _bucket(group_pairs, pair, gk, counts is not None)
+        anti, anti_pairs = self.anti, self.anti_pairs
+        for term in pod.pod_anti_affinity:
+            ak = (pod.namespace, term_key(term))
+            had = ak in anti
+            counts = _bumped(anti[ak][1] if had else None, n, i, delta)
+            anti = _with(anti, ak, (anti[ak][0] if had else term, counts) if counts is not None else None)
+            if had != (counts is not None):
+                anti_pairs = _bucket(anti_pairs, _anti_pair(term), ak, counts is not None)
+        zero_cpu, zero_mem = self.zero_cpu, self.zero_mem
+        if pod.cpu_milli == 0:
+            zero_cpu = _bumped(zero_cpu, n, i, delta, keep_zero=True)
+        if pod.memory_mib == 0:
+            zero_mem = _bumped(zero_mem, n, i, delta, keep_zero=True)
+        cache = self.node_cache if nodes is self.nodes else {}
+        return PodIndex(bound, nodes, groups, group_pairs, anti, anti_pairs, zero_cpu, zero_mem, cache)
+
+
+def _bumped(counts: np.ndarray | None, n: int, i: int, delta: int, keep_zero: bool = False) -> np.ndarray | None:
+    """A copy of ``counts`` (zeros when None) with ``delta`` added at i; None when nothing is left."""
+    out = np.zeros(n, np.int64) if counts is None else counts.copy()
+    out[i] += delta
+    return out if keep_zero or out.any() else None
+
+
+def pod_index(state: ClusterState) -> PodIndex:
+    """The state's ``PodIndex``, built (once per state object) when it is absent or describes other tuples."""
+    idx = state.pods_by_label
+    if idx is not None and idx.bound is state.bound and idx.nodes is state.nodes:
+        return idx
+    if idx is not None and idx.bound is state.bound:
+        idx = replace(idx, nodes=state.nodes, node_cache={})
+    else:
+        idx = PodIndex.build(state.nodes, state.bound)
+    object.__setattr__(state, "pods_by_label", idx)  # memo of derived data: the state's value is unchanged
+    return idx
+
+
+def _next_index(state: ClusterState, i: int, pod: Pod, bound: tuple, delta: int) -> PodIndex | None:
+    """The index after a bind/unbind when the state's index is current, else None (rebuilt on demand)."""
+    idx = state.pods_by_label
+    if idx is None or idx.bound is not state.bound or len(bound) != len(state.bound):
+        return None
+    return idx._change(i, pod, bound, state.nodes, delta)
+
+
 def bind(state: ClusterState, pod: Pod, node_index: int, gpus: tuple[int, ...] = ()) -> ClusterState:
     """A new state with ``pod`` bound to node ``node_index`` on GPU devices ``gpus``."""
     i = node_index
@@ -286,26 +425,40 @@ def bind(state: ClusterState, pod: Pod, node_index: int, gpus: tuple[int, ...] =
     placed = replace(pod, node_name=state.nodes[i].name, gpu_devices=tuple(gpus))
     bound = state.bound[:i] + (state.bound[i] + (placed,),) + state.bound[i + 1 :]
     return replace(state, cpu_used=cpu, mem_used=mem, pods_used=cnt, eph_used=eph, gpu_used=gpu, bound=bound,
-                   affinity_pods=_count_affinity(state.affinity_pods, i, pod, +1))
+                   affinity_pods=_count_affinity(state.affinity_pods, i, pod, +1),
+                   pods_by_label=_next_index(state, i, placed, bound, +1))
 
 
 def unbind(state: ClusterState, pod_key: str) -> ClusterState:
     """A new state without the bound pod ``pod_key`` (namespace/name); unknown keys are a no-op."""
     for i, pods in enumerate(state.bound):
-        for k, p in enumerate(pods):
+        for p in pods:
             if p.key == pod_key:
-                cpu, mem, cnt, eph = (a.copy() for a in (state.cpu_used, state.mem_used, state.pods_used, state.eph_used))
-                gpu = state.gpu_used.copy()
-                cpu[i] -= p.cpu_milli
-                mem[i] -= p.memory_mib
-                cnt[i] -= 1
-                eph[i] -= p.ephemeral_mib
-                share = p.gpu_milli if p.is_gpu_share else GPU_MILLI
-                for j in p.gpu_devices:
-                    gpu[i, j] -= share
-                bound = state.bound[:i] + (pods[:k] + pods[k + 1 :],) + state.bound[i + 1 :]
-                return replace(state, cpu_used=cpu, mem_used=mem, pods_used=cnt, eph_used=eph, gpu_used=gpu, bound=bound,
-                               affinity_pods=_count_affinity(state.affinity_pods, i, p, -1))
+                return unbind_at(state, i, pod_key)
+    return state
+
+
+def unbind_at(state: ClusterState, node_index: int, pod_key: str) -> ClusterState:
+    """``unbind`` for a pod known to be on node ``node_index``: looks at that node's pods only.
+
+    The same state as ``unbind(state, pod_key)`` when the pod is there; a no-op when it is not."""
+    i = node_index
+    pods = state.bound[i]
+    for k, p in enumerate(pods):
+        if p.key == pod_key:
+            cpu, mem, cnt, eph = (a.copy() for a in (state.cpu_used, state.mem_used, state.pods_used, state.eph_used))
+            gpu = state.gpu_used.copy()
+            cpu[i] -= p.cpu_milli
+            mem[i] -= p.memory_mib
+            cnt[i] -= 1
+            eph[i] -= p.ephemeral_mib
+            share = p.gpu_milli if p.is_gpu_share else GPU_MILLI
+            for j in p.gpu_devices:
+                gpu[i, j] -= share
+            bound = state.bound[:i] + (pods[:k] + pods[k + 1 :],) + state.bound[i + 1 :]
+            return replace(state, cpu_used=cpu, mem_used=mem, pods_used=cnt, eph_used=eph, gpu_used=gpu, bound=bound,
+                           affinity_pods=_count_affinity(state.affinity_pods, i, p, -1),
+                           pods_by_label=_next_index(state, i, p, bound, -1))
     return state
 
 

@@ -117,10 +117,16 @@ def matches_label_selector(selector: LabelSelector, labels: Mapping[str, str]) -
     return all(matches_requirement(labels.get(r.key), r) for r in selector.match_expressions)
 
 
+def term_matches(term: PodAffinityTerm, owner_namespace: str, namespace: str, labels: Mapping[str, str]) -> bool:
+    """Does a pod in ``namespace`` with ``labels`` match a pod (anti-)affinity term owned by a pod in
+    ``owner_namespace``? (An empty ``term.namespaces`` means the owner's namespace.)"""
+    namespaces = term.namespaces or (owner_namespace,)
+    return namespace in namespaces and matches_label_selector(term.label_selector, labels)
+
+
 def term_matches_pod(term: PodAffinityTerm, owner_namespace: str, target: Pod) -> bool:
     """Does ``target`` match a pod (anti-)affinity term owned by a pod in ``owner_namespace``?"""
-    namespaces = term.namespaces or (owner_namespace,)
-    return target.namespace in namespaces and matches_label_selector(term.label_selector, target.labels)
+    return term_matches(term, owner_namespace, target.namespace, target.labels)
 
 
 def tolerates(toleration: Toleration, taint: Taint) -> bool:

@@ -151,14 +151,8 @@ def _log(log: tuple, values: list[float] | tuple[float, ...]) -> tuple:
 
 
 def _unbind_at(cluster: ClusterState, i: int, key: str) -> ClusterState:
-    """``model.unbind`` for a pod known to be on node i, without scanning every node's pods.
-
-    model.unbind searches ``bound`` only; handing it a view where only node i holds pods gives
-    the same arrays in O(pods on i), then the other nodes' pods are put back.
-    """
-    view = replace(cluster, bound=((),) * i + (cluster.bound[i],) + ((),) * (cluster.n_nodes - i - 1))
-    out = model.unbind(view, key)
-    return replace(out, bound=cluster.bound[:i] + (out.bound[i],) + cluster.bound[i + 1:])
+    """``model.unbind`` for a pod known to be on node i, without scanning every node's pods."""
+    return model.unbind_at(cluster, i, key)
 
 
 def _clean(pod: Pod) -> Pod:

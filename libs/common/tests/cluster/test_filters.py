@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -31,11 +33,20 @@ from agmarl_common.cluster.model import (
     Taint,
     Toleration,
     TopologySpreadConstraint,
+    PodIndex,
     bind,
     choose_gpus,
+    pod_index,
     state_from_dict,
     state_to_dict,
     unbind,
+    unbind_at,
+)
+from agmarl_common.cluster.selectors import (
+    label_value,
+    matches_label_selector,
+    pod_matches_node_affinity,
+    term_matches_pod,
 )
 
 Req = LabelRequirement
@@ -378,3 +389,178 @@ def test_tainted_index_is_built_from_nodes():
     s = ClusterState.empty([node("a"), node("b", taints=(Taint("k", "", "PreferNoSchedule"),))])
     assert s.tainted.tolist() == [False, True]
     assert feasible_mask(pod(), s).tolist() == [True, True]  # PreferNoSchedule does not filter
+
+
+# ------------------------------------------------------------------------------ larger random states, many affinity pods
+
+def _rich_selector(rng) -> LabelSelector:
+    r = rng.random()
+    if r < 0.5:
+        return LabelSelector(match_labels={"app": str(rng.choice(APPS))})
+    if r < 0.65:
+        return LabelSelector(match_labels={"app": str(rng.choice(APPS)), "tier": str(rng.choice(["fe", "be"]))})
+    if r < 0.7:
+        return LabelSelector()  # matches every pod
+    if r < 0.8:
+        return LabelSelector(match_labels={"tier": "fe"}, match_expressions=(Req("app", "NotIn", ("db",)),))
+    return _random_selector(rng)
+
+
+def _rich_term(rng) -> PodAffinityTerm:
+    namespaces = () if rng.random() < 0.8 else tuple(rng.choice(["default", "ns2"], size=int(rng.integers(1, 3)), replace=False))
+    return PodAffinityTerm(_rich_selector(rng), str(rng.choice((ZONE_LABEL, HOSTNAME_LABEL, "rack"))), namespaces)
+
+
+def _rich_pod(rng, name: str) -> Pod:
+    """Like ``_random_pod`` but most pods carry pod terms, some two, with namespaces and richer selectors."""
+    base = _random_pod(rng, name)
+    labels = dict(base.labels)
+    if rng.random() < 0.5:
+        labels["tier"] = str(rng.choice(["fe", "be"]))
+    kw: dict = {"labels": labels}
+    if rng.random() < 0.35:
+        kw["pod_affinity"] = tuple(_rich_term(rng) for _ in range(int(rng.integers(1, 3))))
+    if rng.random() < 0.5:
+        kw["pod_anti_affinity"] = tuple(_rich_term(rng) for _ in range(int(rng.integers(1, 3))))
+    if rng.random() < 0.4:
+        kw["topology_spread"] = tuple(TopologySpreadConstraint(
+            int(rng.integers(1, 3)), str(rng.choice((ZONE_LABEL, HOSTNAME_LABEL, "rack"))),
+            str(rng.choice(["DoNotSchedule", "DoNotSchedule", "ScheduleAnyway"])), _rich_selector(rng),
+            int(rng.integers(1, 4))) for _ in range(int(rng.integers(1, 3))))
+    return replace(base, **kw)
+
+
+def _pod_terms_ok(p: Pod, state: ClusterState, i: int) -> bool:
+    """PodTopologySpread and InterPodAffinity by their definition: a scan of every bound pod (slow, obvious)."""
+    node, nodes, placed = state.nodes[i], state.nodes, [(j, q) for j, qs in enumerate(state.bound) for q in qs]
+    hard = [c for c in p.topology_spread if c.when_unsatisfiable == "DoNotSchedule"]
+    for c in hard:
+        v = label_value(node, c.topology_key)
+        if v is None:
+            return False
+        counts: dict[str, int] = {}
+        for j, other in enumerate(nodes):
+            if any(label_value(other, cc.topology_key) is None for cc in hard) or not pod_matches_node_affinity(p, other):
+                continue
+            w = label_value(other, c.topology_key)
+            counts[w] = counts.get(w, 0) + sum(q.namespace == p.namespace and matches_label_selector(c.label_selector, q.labels)
+                                               for q in state.bound[j])
+        low = 0 if len(counts) < c.min_domains else min(counts.values(), default=2**31 - 1)
+        if counts.get(v, 0) + matches_label_selector(c.label_selector, p.labels) - low > c.max_skew:
+            return False
+    if p.pod_affinity:
+        values = [label_value(node, t.topology_key) for t in p.pod_affinity]
+        if None in values:
+            return False
+        hits = [j for j, q in placed if all(term_matches_pod(t, p.namespace, q) for t in p.pod_affinity)]
+        anywhere = any(label_value(nodes[j], t.topology_key) is not None for j in hits for t in p.pod_affinity)
+        exist = all(any(label_value(nodes[j], t.topology_key) == v for j in hits) for t, v in zip(p.pod_affinity, values))
+        if not exist and (anywhere or not all(term_matches_pod(t, p.namespace, p) for t in p.pod_affinity)):
+            return False
+    for t in p.pod_anti_affinity:
+        v = label_value(node, t.topology_key)
+        if v is not None and any(label_value(nodes[j], t.topology_key) == v and term_matches_pod(t, p.namespace, q)
+                                 for j, q in placed):
+            return False
+    return not any(label_value(nodes[j], t.topology_key) is not None
+                   and label_value(nodes[j], t.topology_key) == label_value(node, t.topology_key)
+                   and term_matches_pod(t, q.namespace, p) for j, q in placed for t in q.pod_anti_affinity)
+
+
+def _node_checks_ok(p: Pod, state: ClusterState, i: int) -> bool:
+    n = state.nodes[i]
+    return all(s.ok for s in (fits_node_unschedulable(p, n), fits_taints(p, n), fits_node_selector(p, n),
+                              fits_resources(p, state, i)))
+
+
+def _random_big_state(rng, n_nodes: int, n_pods: int) -> ClusterState:
+    """Pods bound through the filter, some unbound again (unbind and unbind_at)."""
+    state = ClusterState.empty([_random_node(rng, f"n{k}") for k in range(n_nodes)])
+    for k in range(n_pods):
+        p = _rich_pod(rng, f"b{k}")
+        idx = feasible_nodes(p, state)
+        if idx.size:
+            i = int(rng.choice(idx))
+            state = bind(state, p, i, choose_gpus(p, state.gpu_free()[i]))
+        if rng.random() < 0.15 and state.all_pods():
+            gone = state.all_pods()[int(rng.integers(len(state.all_pods())))]
+            state = unbind(state, gone.key) if rng.random() < 0.5 else unbind_at(state, state.index[gone.node_name], gone.key)
+    return state
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_feasible_mask_on_larger_states_with_many_affinity_pods(seed):
+    rng = np.random.default_rng(1000 + seed)
+    state = _random_big_state(rng, int(rng.integers(15, 40)), int(rng.integers(40, 120)))
+    assert sum(p.has_pod_affinity for p in state.all_pods()) >= 5
+    assert violations(state) == []
+    rebuilt = state_from_dict(state_to_dict(state))  # no index yet: built on first use
+    for k in range(10):
+        p = _rich_pod(rng, f"q{k}")
+        expected = [_node_checks_ok(p, state, i) and _pod_terms_ok(p, state, i) for i in range(state.n_nodes)]
+        assert [filter_node(p, state, i).ok for i in range(state.n_nodes)] == expected
+        assert feasible_mask(p, state).tolist() == expected
+        assert feasible_mask(p, rebuilt).tolist() == expected
+
+
+# ------------------------------------------------------------------------------ the pod index behind the filter
+
+def _index_view(s: ClusterState) -> tuple:
+    idx = pod_index(s)
+    return ({k: v[1].tolist() for k, v in idx.groups.items()}, dict(idx.group_pairs),
+            {k: v[1].tolist() for k, v in idx.anti.items()}, dict(idx.anti_pairs),
+            idx.zero_cpu.tolist(), idx.zero_mem.tolist())
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_pod_index_kept_by_bind_unbind_equals_a_rebuild(seed):
+    rng = np.random.default_rng(seed)
+    s = _random_big_state(rng, 12, 60)
+    kept = s.pods_by_label
+    assert kept is not None and kept.bound is s.bound  # maintained incrementally, not rebuilt
+    fresh = PodIndex.build(s.nodes, s.bound)
+    assert _index_view(s) == _index_view(replace(s, pods_by_label=fresh))
+    for p in s.all_pods():  # drain: every count and bucket goes away
+        s = unbind_at(s, s.index[p.node_name], p.key)
+    assert _index_view(s) == ({}, {}, {}, {}, [0] * 12, [0] * 12)
+
+
+def test_unbind_at_equals_unbind_and_ignores_a_wrong_node():
+    s = _zoned((0, pod("a", labels=WEB)), (0, pod("b", pod_anti_affinity=(_term(app="web"),))), (2, pod("c", cpu=0)))
+    for key, i in (("default/a", 0), ("default/b", 0), ("default/c", 2)):
+        ours, ref = unbind_at(s, i, key), unbind(s, key)
+        assert state_to_dict(ours) == state_to_dict(ref)
+        for f in ("cpu_used", "mem_used", "pods_used", "eph_used", "gpu_used", "affinity_pods"):
+            assert np.array_equal(getattr(ours, f), getattr(ref, f))
+        assert _index_view(ours) == _index_view(ref)
+    assert unbind_at(s, 1, "default/a") is s
+    assert unbind_at(s, 0, "default/zzz") is s
+
+
+def test_stale_index_is_rebuilt_when_bound_is_replaced():
+    s = _zoned((0, pod("guard", pod_anti_affinity=(_term(HOSTNAME_LABEL, app="web"),))))
+    web = pod("w", labels=WEB)
+    assert feasible_mask(web, s).tolist() == [False, True, True, True]
+    emptied = replace(s, bound=((),) * 4)  # carries s's index, which no longer describes it
+    assert feasible_mask(web, emptied).tolist() == [True] * 4
+    moved = replace(s, bound=((), (), s.bound[0], ()))
+    assert feasible_mask(web, moved).tolist() == [True, True, False, True]
+    # the topology-domain cache belongs to a nodes tuple: new node labels, new domains
+    w = _zoned((0, pod("w0", labels=WEB)))
+    far = pod("f", pod_anti_affinity=(_term(app="web"),))
+    assert feasible_mask(far, w).tolist() == [False, False, True, True]
+    relabelled = replace(w, nodes=(node("n0", labels={ZONE_LABEL: "b"}),) + w.nodes[1:])
+    assert feasible_mask(far, relabelled).tolist() == [False, True, False, True]
+    assert [filter_node(far, relabelled, i).ok for i in range(4)] == [False, True, False, True]
+
+
+def test_violations_lists_every_anti_affinity_violator_in_node_order():
+    anti = (_term(app="web"),)
+    s = _zoned((2, pod("w0", labels=WEB)), (0, pod("g", labels=WEB, pod_anti_affinity=anti)),
+               (1, pod("w1", labels=WEB)), (0, pod("w2", labels=WEB)), (2, pod("h", labels=WEB, pod_anti_affinity=anti)))
+    found = [v for v in violations(s) if "anti-affinity" in v]
+    assert found == ["default/g on n0: anti-affinity (topology.kubernetes.io/zone=a) violated by default/w2 on n0",
+                     "default/g on n0: anti-affinity (topology.kubernetes.io/zone=a) violated by default/w1 on n1",
+                     "default/h on n2: anti-affinity (topology.kubernetes.io/zone=b) violated by default/w0 on n2"]
+    # a pod matching its own anti-affinity term alone in its domain is legal
+    assert violations(_zoned((2, pod("solo", labels=WEB, pod_anti_affinity=anti)))) == []

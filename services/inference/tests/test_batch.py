@@ -1,0 +1,267 @@
+"""Batch mode: the pure joint decision + arbiter + ledger on tiny literal clusters, and the binder
+against a STAND-IN API server (agmarl_common.testing_k8s: real HTTP, the official kubernetes client;
+there is no Kubernetes API here) with a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import pytest
+from kubernetes import client
+
+from agmarl_common import messages as m
+from agmarl_common import subjects
+from agmarl_common.bus import Bus
+from agmarl_common.cluster.filters import filter_node, violations
+from agmarl_common.cluster.model import AGMARL_SCHEDULER, ClusterState, Node, Pod, bind, state_to_dict, to_dict
+from agmarl_common.policies.registry import get_policy
+from agmarl_common.service import ServiceRuntime
+from agmarl_common.testing_k8s import StandInApiServer, node_json, pod_json
+from agmarl_inference.batch import BatchConfig, create_binding, start_batch_mode
+from agmarl_inference.batchcore import Ledger, batch_order, decide_batch
+from agmarl_inference.settings import InferenceSettings
+
+NODES = (Node("a", 4000, 8192), Node("b", 4000, 8192), Node("c", 4000, 8192))
+
+
+def pod(name: str, cpu: int, mem: int = 512, **kw) -> Pod:
+    return Pod(name, cpu, mem, scheduler_name=AGMARL_SCHEDULER, **kw)
+
+
+# --- the pure core ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("policy", ["kube-resources", "most-allocated"])
+def test_batch_that_fits_only_one_per_node_gets_different_nodes(policy):
+    pods = [pod("p1", 3000), pod("p2", 3000), pod("p3", 3000)]
+    placements, final = decide_batch(pods, ClusterState.empty(NODES), get_policy(policy))
+    assert sorted(p.node for p in placements) == ["a", "b", "c"]
+    assert violations(final) == []
+    # every pod was proposed node "a" first (same score, lowest index); the arbiter moved the later ones
+    assert [p.rank for p in placements] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("pods,expected", [
+    # (cpu requests), expected node per pod name; "" = left pending
+    ([("small", 1000), ("big", 3500), ("mid", 2000)], {"big": "a", "mid": "b", "small": "b"}),
+    ([("huge", 9000), ("ok", 1000)], {"huge": "", "ok": "a"}),
+    ([("x", 4000), ("y", 4000), ("z", 4000), ("w", 4000)], {"w": "a", "x": "b", "y": "c", "z": ""}),
+])
+def test_arbiter_order_is_largest_first_and_never_overcommits(pods, expected):
+    batch = [pod(n, c) for n, c in pods]
+    placements, final = decide_batch(batch, ClusterState.empty(NODES), get_policy("kube-resources"))
+    assert {p.pod.name: p.node for p in placements} == expected
+    assert [p.pod.name for p in placements] == [p.name for p in batch_order(batch)]
+    assert violations(final) == []
+
+
+def test_infeasible_pod_is_never_placed_and_says_why():
+    hdd = Node("t", 64000, 65536, labels={"disk": "hdd"})
+    nodes = NODES + (Node("gpu", 64000, 65536, gpu_count=1, unschedulable=True),)
+    state = ClusterState.empty(nodes + (hdd,))
+    picky = pod("picky", 100, node_selector={"disk": "ssd"})
+    gpu = pod("gpu", 100, num_gpu=1, gpu_milli=1000)
+    placements, _ = decide_batch([picky, gpu], state, get_policy("kube-resources"))
+    by_name = {p.pod.name: p for p in placements}
+    assert by_name["picky"].node == ""
+    assert by_name["picky"].reason == ("0/5 nodes are available: 4 node(s) didn't match Pod's node "
+                                       "affinity/selector, 1 node(s) were unschedulable")
+    assert by_name["gpu"].node == "" and by_name["gpu"].reason.startswith("0/5 nodes are available")
+
+
+def test_every_placement_passes_the_hard_filter_in_the_state_before_it():
+    pods = [pod(f"p{i}", 700 + 300 * (i % 4), 1024 * (1 + i % 3)) for i in range(12)]
+    state = ClusterState.empty(NODES)
+    placements, final = decide_batch(pods, state, get_policy("most-allocated"))
+    replay = state
+    for pl in placements:
+        if pl.node:
+            assert filter_node(pl.pod, replay, pl.node_index).ok
+            replay = bind(replay, pl.pod, pl.node_index, pl.gpus)
+        else:
+            assert not any(filter_node(pl.pod, replay, i).ok for i in range(replay.n_nodes))
+    assert violations(final) == []
+
+
+def test_ledger_keeps_every_pod_in_exactly_one_status():
+    led = Ledger()
+    pods = [pod(f"p{i}", 100) for i in range(4)]
+    assert all(led.offer(p, 1.0) for p in pods)
+    assert not led.offer(pods[0], 1.0)  # announced again: no duplicate
+    assert [p.name for p in led.due(0.0, 10)] == ["p0", "p1", "p2", "p3"]
+    led.binding("default/p0", "a")
+    led.binding("default/p1", "b")
+    led.unschedulable("default/p2", "0/3 nodes are available", not_before=5.0)
+    assert [p.name for p in led.due(1.0, 10)] == ["p3"]
+    assert led.attempt_failed("default/p1", "HTTP 500") == 1
+    led.release("default/p1", "binding failed", not_before=2.0)
+    led.bound("default/p0")
+    led.gone("default/p3", "deleted")
+    assert led.counts() == {"queued": 1, "binding": 0, "bound": 1, "unschedulable": 1, "gone": 1}
+    assert sum(led.counts().values()) == 4
+    assert [p.name for p in led.due(5.0, 10)] == ["p1", "p2"]
+    assert led.entries["default/p1"].releases == 1
+    assert led.entries["default/p1"].history == ["queued", "binding: b", "attempt 1 failed: HTTP 500",
+                                                 "queued: binding failed"]
+    assert led.offer(pods[0], 9.0)  # a bound pod announced pending again is queued again
+    assert led.entries["default/p0"].status == "queued"
+
+
+def test_batch_config_reads_batch_settings():
+    s = InferenceSettings(batch_scheduler_name="my-sched", rollout_mode="hybrid")
+    cfg = BatchConfig.from_settings(s)
+    assert (cfg.scheduler_name, cfg.mode, cfg.window_s) == ("my-sched", "hybrid", 0.2)
+
+
+# --- the binder against the stand-in ---------------------------------------------------------------
+
+class Harness:
+    """Stand-in API with 3 nodes, a runtime running the batch binder, a bus recording decisions."""
+
+    def __init__(self, standin, rt, binder, bus, decisions, cluster):
+        self.standin, self.rt, self.binder, self.bus, self.decisions, self.cluster = \
+            standin, rt, binder, bus, decisions, cluster
+
+    async def snapshot(self, pending: list[Pod]) -> None:
+        state = ClusterState.empty(NODES)
+        await self.bus.publish(subjects.snapshot(self.cluster), m.ClusterSnapshot(
+            cluster=self.cluster, seq=1, time=time.time(), state=state_to_dict(state),
+            pending=[to_dict(p) for p in pending]))
+
+    async def offer(self, pods: list[Pod]) -> None:
+        for p in pods:
+            self.standin.add_pod(pod_json(p.name, cpu=f"{p.cpu_milli}m", scheduler_name=AGMARL_SCHEDULER))
+            await self.bus.publish(subjects.pending(self.cluster), m.PendingPod(
+                cluster=self.cluster, pod=to_dict(p), seen_at=time.time(), seq=1))
+
+
+async def until(predicate, timeout: float = 6.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        await asyncio.sleep(0.02)
+    return bool(predicate())
+
+
+@pytest.fixture
+async def harness(nats_url, tmp_path):
+    standin = StandInApiServer().start()
+    for n in NODES:
+        standin.add_node(node_json(n.name, cpu="4", memory="8Gi"))
+    cluster = f"b{uuid.uuid4().hex[:8]}"
+    settings = InferenceSettings(nats_url=nats_url, cluster=cluster, trace_dir=str(tmp_path),
+                                 batch_scheduler_name=AGMARL_SCHEDULER)
+    rt = ServiceRuntime(f"inference-batch-{cluster}", settings)
+    api = client.ApiClient(client.Configuration(host=standin.url))
+    cfg = BatchConfig(window_s=0.1, bind_attempts=3, bind_backoff_s=0.05, bind_timeout_s=2.0, retry_s=0.3)
+    binder = start_batch_mode(rt, settings, api_client=api, cfg=cfg)
+    await rt.start()
+    await rt.bus.ensure_streams()
+    bus = await Bus.connect(nats_url, "test-batch")
+    decisions: list[m.Decision] = []
+
+    async def on_decision(msg):
+        decisions.append(m.decode(m.Decision, msg.data))
+
+    await bus.subscribe(subjects.decision_wildcard(cluster), on_decision)
+    h = Harness(standin, rt, binder, bus, decisions, cluster)
+    try:
+        yield h
+    finally:
+        await binder.stop()
+        await bus.close()
+        await rt.shutdown()
+        standin.stop()
+        api.close()
+
+
+def bound_nodes(standin) -> dict[str, str]:
+    return dict(standin.bindings)
+
+
+async def test_binder_binds_a_batch_conflict_free(harness):
+    pods = [pod("p1", 3000), pod("p2", 3000), pod("p3", 3000)]
+    await harness.snapshot(pods)
+    await harness.offer(pods)
+    assert await until(lambda: len(harness.standin.bindings) == 3)
+    assert sorted(bound_nodes(harness.standin).values()) == ["a", "b", "c"]
+    assert await until(lambda: len(harness.decisions) == 3)
+    d = harness.decisions
+    assert {x.source for x in d} == {"batch"} and {x.node for x in d} == {"a", "b", "c"}
+    assert len({x.explanation["batch_id"] for x in d}) == 1  # decided together
+    assert harness.binder.ledger.counts()["bound"] == 3
+    assert all(harness.standin.pod(f"default/{p.name}")["spec"]["nodeName"] for p in pods)
+
+
+async def test_infeasible_pod_stays_pending_with_a_reason(harness):
+    big, ok = pod("big", 9000), pod("ok", 1000)
+    await harness.snapshot([big, ok])
+    await harness.offer([big, ok])
+    assert await until(lambda: len(harness.decisions) == 2)
+    await asyncio.sleep(0.5)  # retried after retry_s: still infeasible, still not bound, no repeat decision
+    assert bound_nodes(harness.standin) == {"default/ok": "a"}
+    e = harness.binder.ledger.entries["default/big"]
+    assert e.status == "unschedulable" and "Insufficient cpu" in e.reason
+    assert harness.standin.pod("default/big")["spec"].get("nodeName") is None
+    nodeless = [x for x in harness.decisions if not x.node]
+    assert len(nodeless) == 1 and "Insufficient cpu" in nodeless[0].explanation["reason"]
+    assert harness.binder.batches >= 2
+
+
+async def test_failed_binding_is_retried_with_backoff(harness):
+    p = pod("retry", 1000)
+    harness.standin.fail_bindings(2, 500)
+    await harness.snapshot([p])
+    await harness.offer([p])
+    assert await until(lambda: bound_nodes(harness.standin).get("default/retry") == "a")
+    posts = [r for r in harness.standin.requests if r.method == "POST"]
+    assert len(posts) == 3
+    assert posts[2].at - posts[1].at >= 0.09 > 0 and posts[1].at - posts[0].at >= 0.045  # 0.05, then 0.1
+    assert await until(lambda: len(harness.decisions) == 1)
+    assert harness.decisions[0].explanation["bind_attempts"] == 3
+    assert harness.binder.ledger.entries["default/retry"].status == "bound"
+
+
+async def test_binding_released_after_the_bound_then_bound_later_nothing_lost(harness):
+    pods = [pod("r1", 1000), pod("r2", 1000)]
+    harness.standin.fail_bindings(6, 500)  # 3 attempts each for both pods: both released once
+    await harness.snapshot(pods)
+    await harness.offer(pods)
+    assert await until(lambda: len(harness.standin.bindings) == 2, timeout=8.0)
+    led = harness.binder.ledger
+    assert led.counts() == {"queued": 0, "binding": 0, "bound": 2, "unschedulable": 0, "gone": 0}
+    assert all(led.entries[f"default/{p.name}"].releases == 1 for p in pods)
+    assert await until(lambda: len(harness.decisions) == 4)
+    released = [x for x in harness.decisions if not x.node]
+    assert len(released) == 2 and all("binding failed 3 times" in x.explanation["reason"] for x in released)
+    assert sorted(x.pod_key for x in harness.decisions if x.node) == ["default/r1", "default/r2"]
+
+
+async def test_conflict_releases_and_redecides(harness):
+    p = pod("c1", 1000)
+    harness.standin.fail_bindings(1, 409)
+    await harness.snapshot([p])
+    await harness.offer([p])
+    e = harness.binder.ledger.entries
+    assert await until(lambda: "default/c1" in e and e["default/c1"].status == "bound")
+    assert bound_nodes(harness.standin) == {"default/c1": "a"}
+    e = e["default/c1"]
+    assert e.releases == 1
+    assert any("conflict" in h for h in e.history)
+
+
+def test_create_binding_reads_the_status_answer_and_raises_on_errors():
+    with StandInApiServer() as standin:
+        standin.add_node(node_json("a"))
+        standin.add_pod(pod_json("p"))
+        api = client.CoreV1Api(client.ApiClient(client.Configuration(host=standin.url)))
+        create_binding(api, "default", "p", "a", 2.0)  # the API's Status answer is not an error
+        assert standin.bindings == [("default/p", "a")]
+        with pytest.raises(client.exceptions.ApiException) as conflict:
+            create_binding(api, "default", "p", "a", 2.0)  # already bound
+        assert conflict.value.status == 409
+        with pytest.raises(client.exceptions.ApiException) as missing:
+            create_binding(api, "default", "nope", "a", 2.0)
+        assert missing.value.status == 404
