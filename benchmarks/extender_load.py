@@ -216,6 +216,9 @@ def main() -> None:
                         time.sleep(0.1)
                 asyncio.run(seed_nats(nats.url, args.policy, snapshot))
                 wait_ready(client, proc)
+                active = client.get("/readyz").json()["policy"]
+                if active != args.policy:
+                    raise SystemExit(f"the service runs policy {active!r}, not {args.policy!r} (unknown name?)")
                 run_pods(client, pending[:20], names, 30)  # warm-up, not reported
                 before = scrape(metrics_port)
                 lat = run_pods(client, pending[20:args.pods], names, args.seconds)

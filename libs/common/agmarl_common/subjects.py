@@ -143,7 +143,7 @@ CATALOGUE: list[CatalogueEntry] = [
     CatalogueEntry(f"{PREFIX}.pending.{_C}", "pending_pod", "state-collector", ("graph-builder",),
                    None, "A pod waiting to be scheduled"),
     CatalogueEntry(f"{PREFIX}.snapshot.{_C}", "snapshot", "state-collector",
-                   ("graph-builder", "reward-calculator", "adaptive-engine"), None,
+                   ("graph-builder", "inference", "reward-calculator", "adaptive-engine"), None,
                    "Full cluster state with pending pods and utilisation statistics"),
     CatalogueEntry(f"{PREFIX}.event.{_C}", "event", "state-collector",
                    ("cli",), None,

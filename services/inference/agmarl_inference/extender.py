@@ -33,7 +33,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agmarl_common import kubeconvert as kc
 from agmarl_common import messages as m
@@ -293,8 +293,8 @@ def failed_reasons(pod: Pod, state: ClusterState, failing: list[int]) -> dict[in
     for i in failing:
         node = state.nodes[i]
         if selectors or node.taints or node.unschedulable or not node.ready:
-            status = next((s for s in (fits_node_unschedulable(pod, node), fits_taints(pod, node),
-                                       fits_node_selector(pod, node)) if not s.ok), None) or fits_resources(pod, state, i)
+            node_only = (fits_node_unschedulable(pod, node), fits_taints(pod, node), fits_node_selector(pod, node))
+            status = next((s for s in node_only if not s.ok), None) or fits_resources(pod, state, i)
         else:  # the node-only checks cannot fail here
             status = fits_resources(pod, state, i)
         if status.ok:
@@ -427,10 +427,14 @@ class ExtenderService:
 
     # --- filter -------------------------------------------------------------------------------------
 
-    def _filter_sync(self, pod: Pod, req: RequestState) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    def _filter_sync(self, pod: Pod, args: ExtenderArgs) -> tuple[list[str], dict[str, str], dict[str, str]] | None:
+        """(passed, failed, unresolvable) node names, or None when the cache is cold."""
+        req = request_state(pod, args, self.cache)
         state = req.state
+        if state is None:
+            return None
         ok, failed, unresolvable = [], dict(req.unreadable), {}
-        mask = feasible_mask(pod, state) if state is not None else None
+        mask = feasible_mask(pod, state)
         failing = [i for i in req.idx if i is not None and not mask[i]]
         reasons = failed_reasons(pod, state, failing) if failing else {}
         for name, i in zip(req.names, req.idx):
@@ -450,24 +454,20 @@ class ExtenderService:
         pod = self._pod(args.Pod)
         with self._span("filter", headers) as span:
             span.set_attribute("agmarl.pod", pod.key)
-            names: list[str] = []
             fallback = ""
             try:
-                req = await self._run(self._state_pool, deadline, request_state, pod, args, self.cache)
-                names = req.names
-                if req.state is None:
+                result = await self._run(self._state_pool, deadline, self._filter_sync, pod, args)
+                if result is None:
                     fallback = self.fallback("cache_cold")
                 else:
-                    ok, failed, unresolvable = await self._run(self._state_pool, deadline, self._filter_sync, pod, req)
+                    ok, failed, unresolvable = result
             except asyncio.TimeoutError:
                 fallback = self.fallback("filter_timeout")
             except Exception as exc:  # noqa: BLE001 - never fail a well-formed request
                 span.record_exception(exc)
                 fallback = self.fallback("filter_error")
             if fallback:  # kube-scheduler has filtered already: pass every node on
-                names = names or [str((o.get("metadata") or {}).get("name", "")) for o in
-                                  (args.Nodes.items if args.Nodes else [])] or list(args.NodeNames or [])
-                ok, failed, unresolvable = names, {}, {}
+                ok, failed, unresolvable = _request_names(args), {}, {}
             span.set_attribute("agmarl.fallback", fallback)
             span.set_attribute("agmarl.passed", len(ok))
             if not ok and (failed or unresolvable):
@@ -524,7 +524,8 @@ class ExtenderService:
         except Exception:  # noqa: BLE001
             return None, self.fallback("model_error")
 
-    async def prioritize(self, args: ExtenderArgs, headers: Any = None) -> list[HostPriority]:
+    async def prioritize(self, args: ExtenderArgs, headers: Any = None) -> dict[str, int]:
+        """Host -> score 0..10 for every node of the request (unknown/infeasible ones score 0)."""
         seen_at, deadline = time.time(), time.perf_counter() + self.work_budget
         pod = self._pod(args.Pod)
         src = self.source
@@ -568,7 +569,7 @@ class ExtenderService:
                          policy.name, mode, span)
             span.set_attribute("agmarl.fallback", fallback)
             span.set_attribute("agmarl.returned", kind)
-        return [HostPriority(Host=n, Score=s) for n, s in scores.items()]
+        return scores
 
     def _scored(self, pod: Pod, names: list[str], model: Scored | None, base: Scored, mode: str, opted: bool,
                 returned: list[int], kind: str, fallback: str, policy: str, version: str, span: trace.Span,
@@ -623,7 +624,8 @@ class ExtenderService:
         out = {}
         for node, victims in (args.NodeNameToVictims or {}).items():
             victims = victims or {}
-            pods = [MetaPod(UID=str(((p or {}).get("metadata") or {}).get("uid", ""))) for p in victims.get("Pods") or []]
+            pods = [MetaPod(UID=str(((p or {}).get("metadata") or {}).get("uid", "")))
+                    for p in victims.get("Pods") or []]
             out[node] = MetaVictims(Pods=pods, NumPDBViolations=int(victims.get("NumPDBViolations") or 0))
         return ExtenderPreemptionResult(NodeNameToMetaVictims=out)
 
@@ -742,7 +744,12 @@ FilterArgs = Annotated[ExtenderArgs, Depends(_body(ExtenderArgs, "filter"))]
 PrioritizeArgs = Annotated[ExtenderArgs, Depends(_body(ExtenderArgs, "prioritize"))]
 BindArgs = Annotated[ExtenderBindingArgs, Depends(_body(ExtenderBindingArgs, "bind"))]
 PreemptArgs = Annotated[ExtenderPreemptionArgs, Depends(_body(ExtenderPreemptionArgs, "preempt"))]
-_PRIORITIES = TypeAdapter(list[HostPriority])
+
+
+def priorities_json(scores: dict[str, int]) -> bytes:
+    """A HostPriorityList, written directly: no per-host objects (1,500 of them per call otherwise)."""
+    dumps = json.dumps
+    return ("[" + ",".join(f'{{"Host":{dumps(h)},"Score":{int(s)}}}' for h, s in scores.items()) + "]").encode()
 
 
 def _json(payload: bytes) -> Response:
@@ -777,8 +784,8 @@ async def prioritize_route(args: PrioritizeArgs, ext: ExtenderDep, request: Requ
         raise _bad(ext, "prioritize", exc) from None
     except Exception:  # noqa: BLE001
         ext.fallback("error")
-        result = [HostPriority(Host=n, Score=NEUTRAL_SCORE) for n in _request_names(args)]
-    return _json(_PRIORITIES.dump_json(result))
+        result = {n: NEUTRAL_SCORE for n in _request_names(args)}
+    return _json(priorities_json(result))
 
 
 @router.post("/bind", response_model=ExtenderBindingResult)

@@ -186,6 +186,9 @@ def _remember(state: ClusterState, key: tuple, compute):
     if len(cache) >= _CACHE_LIMIT:
         cache.clear()
     value = cache[key] = compute()
+    for array in value if isinstance(value, tuple) else (value,):
+        if isinstance(array, np.ndarray):
+            array.flags.writeable = False  # shared by every later call: nobody may change it
     return value
 
 
@@ -456,20 +459,27 @@ def _capacity_violations(state: ClusterState, i: int) -> list[str]:
 
 
 def _anti_violations(state: ClusterState, i: int, p: Pod, memo: dict) -> list[str]:
-    """Pods other than ``p`` (on node i) in one of its required anti-affinity domains that match the term."""
+    """Pods other than ``p`` (on node i) in one of its required anti-affinity domains that match the term.
+
+    ``memo`` lives for one ``violations`` call (keys hold ids of objects the state keeps alive)."""
     node, out = state.nodes[i], []
     for term in p.pod_anti_affinity:
-        cd, ids = _domains(state, term.topology_key)
-        if cd[i] < 0:
-            continue
-        key = (p.namespace, term_key(term))
+        key = (p.namespace, id(term))
         if key not in memo:
+            cd, ids = _domains(state, term.topology_key)
             matching = _matching_counts(state, (term,), p.namespace)
             has = cd >= 0
-            memo[key] = matching, np.bincount(cd[has], weights=matching[has], minlength=len(ids))
-        matching, per_domain = memo[key]
-        if per_domain[cd[i]] - (1 if term_matches_pod(term, p.namespace, p) else 0) <= 0:
-            continue  # nothing but p itself matches in its domain
+            memo[key] = cd, matching, np.append(np.bincount(cd[has], weights=matching[has], minlength=len(ids)), 0)
+        cd, matching, per_domain = memo[key]
+        found = per_domain[cd[i]]  # matching pods in p's domain (0 when node i lacks the key)
+        if found == 0:
+            continue
+        if found == 1:  # clean when that one is p itself
+            self_key = (p.namespace, id(term), id(p.labels))
+            if self_key not in memo:
+                memo[self_key] = term_matches_pod(term, p.namespace, p)
+            if memo[self_key]:
+                continue
         mine = label_value(node, term.topology_key)
         for j in np.flatnonzero((cd == cd[i]) & (matching > 0)).tolist():
             for q in state.bound[j]:
@@ -505,7 +515,7 @@ def violations(state: ClusterState) -> list[str]:
     """
     out: list[str] = []
     capacity = _capacity_flags(state)
-    memo: dict = {}  # (namespace, term) -> pods matching it per node and per domain
+    memo: dict = {}  # anti-affinity terms: pods matching them per node and per domain
     for i in range(state.n_nodes):
         if capacity[i]:
             out.extend(_capacity_violations(state, i))

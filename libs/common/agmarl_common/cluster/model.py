@@ -312,7 +312,7 @@ def _anti_pair(term: PodAffinityTerm) -> tuple[str, str] | None:
     return items[0] if items else None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PodIndex:
     """Bound pods summarised so that the hard filter need not scan them all (derived from ``bound``).
 
@@ -341,12 +341,28 @@ class PodIndex:
 
     @staticmethod
     def build(nodes: tuple[Node, ...], bound: tuple[tuple[Pod, ...], ...]) -> "PodIndex":
+        """The index of ``bound`` from scratch, in one pass over the pods."""
         n = len(bound)
-        idx = PodIndex(bound, nodes, {}, {}, {}, {}, np.zeros(n, np.int64), np.zeros(n, np.int64))
+        groups: dict[tuple, tuple[Mapping[str, str], np.ndarray]] = {}
+        anti: dict[tuple, tuple[PodAffinityTerm, np.ndarray]] = {}
+        zero_cpu, zero_mem = np.zeros(n, np.int64), np.zeros(n, np.int64)
         for i, pods in enumerate(bound):
             for p in pods:
-                idx = idx.add(i, p, bound, nodes)
-        return idx
+                gk = (p.namespace, labels_key(p.labels))
+                groups.setdefault(gk, (p.labels, np.zeros(n, np.int64)))[1][i] += 1
+                for term in p.pod_anti_affinity:
+                    anti.setdefault((p.namespace, term_key(term)), (term, np.zeros(n, np.int64)))[1][i] += 1
+                zero_cpu[i] += p.cpu_milli == 0
+                zero_mem[i] += p.memory_mib == 0
+        group_pairs: dict[tuple[str, str], set] = {}
+        for gk in groups:
+            for pair in gk[1]:
+                group_pairs.setdefault(pair, set()).add(gk)
+        anti_pairs: dict[tuple[str, str] | None, set] = {}
+        for ak, (term, _) in anti.items():
+            anti_pairs.setdefault(_anti_pair(term), set()).add(ak)
+        return PodIndex(bound, nodes, groups, {k: frozenset(v) for k, v in group_pairs.items()}, anti,
+                        {k: frozenset(v) for k, v in anti_pairs.items()}, zero_cpu, zero_mem)
 
     def add(self, i: int, pod: Pod, bound: tuple, nodes: tuple) -> "PodIndex":
         """The index of ``bound`` = this index's bound plus ``pod`` on node i."""
