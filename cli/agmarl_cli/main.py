@@ -39,6 +39,22 @@ def build_parser() -> argparse.ArgumentParser:
     pol = sub.add_parser("policy", help="the active policy")
     psub = pol.add_subparsers(dest="pcmd", required=True)
     psub.add_parser("show")
+
+    ev = sub.add_parser("eval", help="run scheduling policies side by side in the simulator and report")
+    ev.add_argument("--protocol", required=True, choices=("inflation", "dynamic"))
+    ev.add_argument("--workload", required=True,
+                    help="openb:default | openb:<name> | openb:<csv path> | synthetic:<name>")
+    ev.add_argument("--policies", required=True, help="comma-separated registry names (and model:<name>)")
+    ev.add_argument("--seeds", default="42-51", help="A-B (inclusive) or a comma list (default 42-51)")
+    ev.add_argument("--nodes", default="", help="openb | openb:all | synthetic:<n> | <node csv path> "
+                    "(default: openb GPU nodes for openb workloads, synthetic:50 otherwise)")
+    ev.add_argument("--ratio", type=float, default=1.3, help="inflation: target GPU requests x capacity")
+    ev.add_argument("--horizon", type=float, default=3600.0, metavar="S",
+                    help="dynamic: simulated seconds (also sizes synthetic workloads)")
+    ev.add_argument("--record-every", type=float, default=30.0, metavar="S", help="dynamic: record interval")
+    ev.add_argument("--json", default=None, metavar="OUT.json")
+    ev.add_argument("--plot", default=None, metavar="OUT.png")
+    ev.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
     return p
 
 
@@ -55,6 +71,11 @@ def main(argv: list[str] | None = None) -> int:
             env["AGMARL_SIM_SEED"] = str(args.seed)
         view = args.duration is None and not args.no_view and sys.stdout.isatty()
         return asyncio.run(run_up(args.duration, args.summary, view, env))
+    if args.cmd == "eval":
+        from agmarl_cli.evaluate import EvalSpec, eval_command  # noqa: PLC0415
+        spec = EvalSpec(protocol=args.protocol, workload=args.workload, nodes=args.nodes, ratio=args.ratio,
+                        horizon_s=args.horizon, record_every_s=args.record_every)
+        return eval_command(spec, args.policies, args.seeds, args.json, args.plot, args.workers)
     from agmarl_cli import commands  # noqa: PLC0415
     if args.cmd == "decisions":
         try:

@@ -140,8 +140,8 @@ class CatalogueEntry:
 _C, _N, _S = "{cluster}", "{namespace}", "{service}"
 
 CATALOGUE: list[CatalogueEntry] = [
-    CatalogueEntry(f"{PREFIX}.pending.{_C}", "pending_pod", "state-collector", ("graph-builder",),
-                   None, "A pod waiting to be scheduled"),
+    CatalogueEntry(f"{PREFIX}.pending.{_C}", "pending_pod", "state-collector", ("graph-builder", "inference"),
+                   None, "A pod waiting to be scheduled (inference takes the batch scheduler's pods in batch mode)"),
     CatalogueEntry(f"{PREFIX}.snapshot.{_C}", "snapshot", "state-collector",
                    ("graph-builder", "inference", "reward-calculator", "adaptive-engine"), None,
                    "Full cluster state with pending pods and utilisation statistics"),

@@ -71,6 +71,7 @@ class Running:
     client: httpx.AsyncClient
     bus: Bus
     cluster: str
+    nats_stopped: bool = False  # Bus.close() may raise ConnectionResetError then (libs/common/bus.py)
 
     def fallbacks(self, reason: str) -> float:
         return sample(self.rt.registry, "agmarl_extender_fallbacks_total", {"reason": reason})
@@ -89,7 +90,7 @@ async def running(nats_url: str, *, feed: bool = True, model: str = "most-alloca
     ext = setup_extender(rt, app, settings, decisions=app.decisions, binder=binder)
     await rt.start()
     bus = await Bus.connect(nats_url, "test-client")
-    client = None
+    client, r = None, None
     try:
         await rt.bus.ensure_streams()
         with contextlib.suppress(Exception):  # no rollout left over from another test
@@ -101,12 +102,15 @@ async def running(nats_url: str, *, feed: bool = True, model: str = "most-alloca
             await bus.publish(subjects.snapshot(cluster), sample_snapshot(cluster))
             await _until(lambda: ext.cache.seq == 1, "the snapshot reached the cache")
         client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5.0)
-        yield Running(rt, app, ext, client, bus, cluster)
+        r = Running(rt, app, ext, client, bus, cluster)
+        yield r
     finally:
         if client is not None:
             await client.aclose()
-        await bus.close()
-        await rt.shutdown()
+        with contextlib.suppress(*((ConnectionError,) if r is not None and r.nats_stopped else ())):
+            await bus.close()
+        with contextlib.suppress(*((ConnectionError,) if r is not None and r.nats_stopped else ())):
+            await rt.shutdown()
 
 
 async def _until(cond, what: str, timeout: float = 5.0) -> None:
@@ -238,6 +242,25 @@ async def test_filter_fails_unknown_and_infeasible_nodes_with_reasons(nats_url):
         assert decision.explanation["reason"] == "no feasible node" and len(decision.trace_id) == 32
         assert sample(r.rt.registry, "agmarl_decisions_total",
                       {"policy": "most-allocated", "mode": "full", "source": "extender", "result": "unschedulable"}) == 1
+
+
+async def test_a_retried_pod_the_cache_shows_bound_is_not_counted_twice(nats_url):
+    async with running(nats_url) as r:
+        # busy-0 (4 cpu) is bound on node-1 in the snapshot: 12 of 32 cpu used, 8 without it
+        again = pod_json("busy-0", namespace="load", cpu="21")
+        out = (await r.client.post("/filter", json={"Pod": again, "NodeNames": [LOADED]})).json()
+        assert out["NodeNames"] == [LOADED]
+        other = pod_json("busy-x", namespace="load", cpu="21")
+        out = (await r.client.post("/filter", json={"Pod": other, "NodeNames": [LOADED]})).json()
+        assert out["NodeNames"] == []
+
+
+async def test_no_time_left_passes_nodes_on_and_answers_neutral(nats_url):
+    async with running(nats_url, extender_budget_ms=0) as r:
+        out = (await r.client.post("/filter", json={"Pod": pod_json(cpu="64"), "NodeNames": ["node-0", "ghost"]})).json()
+        assert out["NodeNames"] == ["node-0", "ghost"] and out["FailedNodes"] == {}
+        assert set((await prioritize(r)).values()) == {NEUTRAL_SCORE}
+        assert r.fallbacks("filter_timeout") == 1 and r.fallbacks("state_timeout") == 1
 
 
 async def test_nocache_mode_uses_the_given_nodes_and_the_cached_pods(nats_url):
@@ -375,6 +398,7 @@ async def test_nats_down_answers_default_scores(tmp_path):
             model = await prioritize(r)
             assert max(model, key=model.get) == LOADED and model != expected
             server.stop()
+            r.nats_stopped = True
             await _until(lambda: not r.rt.bus.is_connected, "the runtime saw NATS go")
             started = time.perf_counter()
             assert await prioritize(r) == expected

@@ -1,0 +1,98 @@
+"""The dynamic synthetic suite: baselines (and any model:* policy) on the composite reward.
+
+Every policy runs the dynamic protocol of `agmarl eval` on each synthetic workload (diurnal,
+burst, batch_online_mix, affinity_heavy) on one synthetic cluster, for a few seeds; the same
+harness, the same seeds, the same cluster, so the comparison is like for like. Prints Markdown:
+the composite reward (agmarl_common.reward, mean over the record points of a run) per policy and
+workload, the hard-constraint violations (must be 0), then each workload's full `agmarl eval` table.
+
+    nice .venv/bin/python benchmarks/dynamic_suite.py --workers 2 [--extra model:latest] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+from agmarl_cli.evaluate import (EvalError, EvalSpec, aggregate, check_spec, load_nodes, markdown_table,
+                                 parse_policies, parse_seeds, run_all)
+
+WORKLOADS = ("diurnal", "burst", "batch_online_mix", "affinity_heavy")
+BASELINES = ("kube-default", "kube-resources", "trimaran-tlp", "trimaran-lvrb", "koord-loadaware",
+             "most-allocated", "bestfit", "fgd")
+
+
+def suite(nodes: str, policies: list[str], seeds: list[int], horizon_s: float, workers: int) -> dict[str, dict]:
+    """workload -> the `agmarl eval` report of the dynamic protocol on it."""
+    reports = {}
+    for w in WORKLOADS:
+        spec = EvalSpec(protocol="dynamic", workload=f"synthetic:{w}", nodes=nodes, horizon_s=horizon_s)
+        check_spec(spec)
+        runs = run_all(spec, policies, seeds, workers)
+        reports[w] = aggregate(spec, runs, policies, seeds, len(load_nodes(spec)))
+    return reports
+
+
+def _cell(entry: dict, key: str, digits: int = 3) -> str:
+    m = entry["metrics"][key]
+    return f"{m['mean']:.{digits}f} ± {m['std']:.{digits}f}"
+
+
+def summary_tables(reports: dict[str, dict], policies: list[str]) -> str:
+    """Reward per policy x workload (+ the mean over workloads, and the rank by it), then violations."""
+    head = "| policy | " + " | ".join(WORKLOADS) + " | mean |"
+    sep = "|---" * (len(WORKLOADS) + 2) + "|"
+    means = {p: float(np.mean([reports[w]["policies"][p]["metrics"]["reward_mean"]["mean"] for w in WORKLOADS]))
+             for p in policies}
+    lines = ["### Composite reward (mean over the run; mean ± std over seeds; higher is better)\n", head, sep]
+    for p in sorted(policies, key=lambda q: -means[q]):
+        cells = [_cell(reports[w]["policies"][p], "reward_mean") for w in WORKLOADS]
+        lines.append(f"| {p} | " + " | ".join(cells) + f" | **{means[p]:.3f}** |")
+    lines += ["", "### Hard-constraint violations (worst record point, summed over seeds; must be 0)\n",
+              head.replace(" mean |", " total |"), sep]
+    for p in policies:
+        counts = [sum(r["metrics"]["hard_violations"] for r in reports[w]["policies"][p]["runs"]) for w in WORKLOADS]
+        lines.append(f"| {p} | " + " | ".join(f"{c:g}" for c in counts) + f" | {sum(counts):g} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", default="synthetic:60", help="cluster (default synthetic:60)")
+    ap.add_argument("--seeds", default="42-44")
+    ap.add_argument("--horizon", type=float, default=3600.0, help="simulated seconds per run")
+    ap.add_argument("--policies", default=",".join(BASELINES))
+    ap.add_argument("--extra", default="", help="more policies, e.g. model:latest")
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--json", default=None, help="write every workload's report here")
+    args = ap.parse_args(argv)
+    try:
+        seeds = parse_seeds(args.seeds)
+        policies = parse_policies(",".join(x for x in (args.policies, args.extra) if x))
+        start = time.perf_counter()
+        reports = suite(args.nodes, policies, seeds, args.horizon, args.workers)
+    except (EvalError, ValueError, KeyError) as err:
+        print(f"dynamic_suite: error: {err}", file=sys.stderr)
+        return 2
+    wall = time.perf_counter() - start
+    n_nodes = next(iter(reports.values()))["n_nodes"]
+    print(f"## Dynamic synthetic suite\n\n{n_nodes}-node synthetic cluster (`{args.nodes}`), horizon "
+          f"{args.horizon:g} s, seeds {args.seeds}, {len(policies)} policies x {len(WORKLOADS)} workloads x "
+          f"{len(seeds)} seeds = {len(policies) * len(WORKLOADS) * len(seeds)} runs in {wall:.0f} s wall "
+          f"({args.workers} worker(s)).\n")
+    print(summary_tables(reports, policies))
+    for w, rep in reports.items():
+        print(f"\n### synthetic:{w}\n")
+        print(markdown_table(rep))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(reports, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,421 @@
+"""Model inputs: the heterogeneous scheduling graph, built by the same numpy code in training and serving.
+
+``build_graph(pods, state, candidates, context) -> HeteroGraph`` turns pending pods, the cluster and each
+pod's candidate nodes (after the hard filter) into the arrays the learned policy reads (the ONNX contract
+in docs/model.md):
+
+- ``node_x`` (N, F_NODE): one row per node, a function of that node alone (its capacity, usage, GPU
+  devices, bound pods and its fragmentation against the target workload), so serving caches rows and
+  recomputes only the nodes whose usage changed (``FeatureContext`` does exactly that);
+- ``pod_x`` (P, F_POD): one row per pending pod;
+- ``nn_edge_index`` (2, E_nn): node -> node edges within a rack (+-2 neighbours) and a zone (+-1),
+  plus a self loop per node, so the degree is at most 7 whatever the cluster size. Nodes without
+  zone/rack labels (the openb trace) are grouped by GPU model, their hardware pool;
+- ``pp_edge_index`` (2, E_pp): pod -> pod edges between pending pods of one service (or one label set
+  with affinity terms), +-2 neighbours, plus self loops; read by the training-side critic only;
+- ``cand_pod``, ``cand_node`` (E,): candidate pairs, pod-major in ``candidates`` order;
+- ``cand_attr`` (E, F_EDGE): what placing that pod on that node would leave (fit tightness, cpu/mem/GPU
+  left, the FGD fragmentation delta with the best GPU device);
+- ``cand_device`` (E,): that best device for a GPU-share pod (-1 otherwise): the device the policy binds.
+
+Bound pods are not graph nodes: the "bound-to" relation is summarised into node features (pod count,
+GPU pods, device usage), which keeps the graph at N + P vertices however many pods run (a 5,000-node
+cluster holds ~100,000 bound pods) and keeps node rows independent of each other.
+
+Pure numpy: no torch. ``FeatureContext`` carries the target workload and memoised per-node results
+(derived data only: outputs depend on the arguments alone).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from agmarl_common.cluster.model import GPU_MILLI, MAX_GPUS, ClusterState, Pod, choose_gpus
+from agmarl_common.sim.fragmentation import TargetWorkload, node_frag_amount, pod_shape, target_workload
+
+NODE_FEATURES = (
+    "cpu_free", "mem_free", "gpu_free", "gpu_whole_free", "pods_free", "cpu_util", "mem_util", "gpu_util",
+    "has_gpu", "gpu_count", "gpu_partial", "gpu_max_free", "frag", "frag_ratio", "target_access", "empty",
+    "schedulable", "gpu_pods",
+) + tuple(f"dev_free_{j}" for j in range(MAX_GPUS))
+POD_FEATURES = ("cpu", "mem", "num_gpu", "gpu_milli", "gpu_total", "is_share", "cpu_only", "is_ls", "has_spec",
+                "shape_prob", "log_cpu")
+EDGE_FEATURES = ("cpu_left", "mem_left", "gpu_left", "gpu_left_frac", "frag_delta", "fgd_score", "frag_after",
+                 "dev_left", "whole_left", "cpu_tight", "bestfit_left", "opens_node", "fills_gpus", "gpu_share")
+F_NODE = len(NODE_FEATURES)  # 26
+F_POD = len(POD_FEATURES)  # 11
+F_EDGE = len(EDGE_FEATURES)  # 14
+
+CPU_SCALE = 128_000.0  # milli-cpu of a large node
+MEM_SCALE = 1_048_576.0  # MiB of a large node
+GPU_SCALE = float(MAX_GPUS * GPU_MILLI)
+FRAG_SCALE = 1000.0  # fragmentation deltas are in GPU milli: one GPU = 1.0
+RACK_HALF, ZONE_HALF, POD_HALF = 2, 1, 2  # ring neighbours on each side
+
+
+@dataclass(frozen=True)
+class HeteroGraph:
+    node_x: np.ndarray  # (N, F_NODE) float32
+    pod_x: np.ndarray  # (P, F_POD) float32
+    nn_edge_index: np.ndarray  # (2, E_nn) int64 node -> node, self loops included
+    pp_edge_index: np.ndarray  # (2, E_pp) int64 pod -> pod, self loops included
+    cand_pod: np.ndarray  # (E,) int64
+    cand_node: np.ndarray  # (E,) int64
+    cand_attr: np.ndarray  # (E, F_EDGE) float32
+    cand_device: np.ndarray  # (E,) int64 best device of a GPU-share pod, -1 otherwise
+
+    @property
+    def n_nodes(self) -> int:
+        return int(self.node_x.shape[0])
+
+    @property
+    def n_pods(self) -> int:
+        return int(self.pod_x.shape[0])
+
+    @property
+    def n_cand(self) -> int:
+        return int(self.cand_pod.shape[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# Context: target workload and memoised per-node data
+
+
+@dataclass
+class FeatureContext:
+    """The target workload fragmentation is measured against, and caches tied to one ``nodes`` tuple.
+
+    Caches are keyed by node usage, so a stale entry is never read: a row is recomputed when any of
+    the node's usage arrays differ from the snapshot it was computed from.
+    """
+
+    target: TargetWorkload
+    _nodes: tuple = ()
+    _access: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), bool))
+    _snap: tuple = ()
+    _node_x: np.ndarray = field(default_factory=lambda: np.zeros((0, F_NODE), np.float32))
+    _frag: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    _edges: np.ndarray | None = None
+    _pairs: dict = field(default_factory=dict)  # pod shape -> (snap cpu, snap gpu, delta, after, device)
+    _shape_prob: dict = field(default_factory=dict)
+
+    @staticmethod
+    def from_workload(pods: Sequence[Pod]) -> "FeatureContext":
+        return FeatureContext(target_workload(pods))
+
+    def _bind_nodes(self, state: ClusterState) -> None:
+        if state.nodes is self._nodes and self._node_x.shape[0] == state.n_nodes:
+            return
+        n = state.n_nodes
+        self._nodes = state.nodes
+        self._access = self.target.accessible(state.gpu_model)
+        self._snap = ()
+        self._node_x = np.zeros((n, F_NODE), np.float32)
+        self._frag = np.zeros(n)
+        self._edges = None
+        self._pairs = {}
+
+    def access(self, state: ClusterState) -> np.ndarray:
+        """(n, K) bool: which target shapes each node's GPU model admits."""
+        self._bind_nodes(state)
+        return self._access
+
+    def node_x(self, state: ClusterState) -> np.ndarray:
+        """(n, F_NODE) float32 node features, rows recomputed only where usage changed (a copy)."""
+        self._refresh(state)
+        return self._node_x.copy()
+
+    def node_frag(self, state: ClusterState) -> np.ndarray:
+        """(n,) fragmentation amount (GPU milli) of every node against the target (a copy)."""
+        self._refresh(state)
+        return self._frag.copy()
+
+    def _refresh(self, state: ClusterState) -> None:
+        self._bind_nodes(state)
+        cur = (state.cpu_used, state.mem_used, state.pods_used, state.gpu_used, state.schedulable)
+        if not self._snap:
+            rows = np.arange(state.n_nodes)
+        else:
+            diff = np.zeros(state.n_nodes, dtype=bool)
+            for a, b in zip(cur, self._snap):
+                d = a != b
+                diff |= d.any(axis=1) if d.ndim == 2 else d
+            rows = np.flatnonzero(diff)
+        if rows.size:
+            x, frag = node_feature_rows(state, rows, self._access[rows], self.target)
+            self._node_x[rows] = x
+            self._frag[rows] = frag
+        self._snap = tuple(a.copy() for a in cur)
+
+    def nn_edges(self, state: ClusterState) -> np.ndarray:
+        self._bind_nodes(state)
+        if self._edges is None:
+            self._edges = node_edges(state)
+        return self._edges
+
+    def shape_prob(self, pod: Pod) -> float:
+        """Probability of the pod's shape in the target workload (0 when it is not a typical shape)."""
+        if not self._shape_prob:
+            t = self.target
+            for k in range(t.size):
+                key = (int(t.cpu_milli[k]), int(t.gpu_milli[k]), int(t.num_gpu[k]), "|".join(t.gpu_spec[k]))
+                self._shape_prob[key] = self._shape_prob.get(key, 0.0) + float(t.prob[k])
+        return self._shape_prob.get(pod_shape(pod), 0.0)
+
+    def frag_after(self, pod: Pod, state: ClusterState, idx: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(delta, after, device) for placing ``pod`` on nodes ``idx``: fragmentation change and amount
+        after the placement (GPU milli) and the chosen device for a share (-1 otherwise). Memoised per
+        pod shape and node usage; identical node states are computed once."""
+        self._refresh(state)
+        shape = pod_shape(pod)
+        n = state.n_nodes
+        if shape not in self._pairs:
+            self._pairs[shape] = (np.full(n, -1, np.int64), np.full((n, MAX_GPUS), -1, np.int64),
+                                  np.zeros(n), np.zeros(n), np.full(n, -1, np.int64))
+        snap_cpu, snap_gpu, delta, after, dev = self._pairs[shape]
+        stale = (snap_cpu[idx] != state.cpu_used[idx]) | (snap_gpu[idx] != state.gpu_used[idx]).any(axis=1)
+        rows = idx[stale]
+        if rows.size:
+            a, d = placement_frag(shape, state, rows, self._access[rows], self.target)
+            after[rows], dev[rows] = a, d
+            delta[rows] = a - self._frag[rows]
+            snap_cpu[rows], snap_gpu[rows] = state.cpu_used[rows], state.gpu_used[rows]
+        return delta[idx].copy(), after[idx].copy(), dev[idx].copy()
+
+
+# ---------------------------------------------------------------------------------------------
+# Node rows (each a function of one node)
+
+
+def _gpu_left(state: ClusterState, rows: np.ndarray) -> np.ndarray:
+    exists = np.arange(MAX_GPUS)[None, :] < state.gpu_count[rows][:, None]
+    return np.where(exists, GPU_MILLI - state.gpu_used[rows], 0)
+
+
+def node_feature_rows(state: ClusterState, rows: np.ndarray, access: np.ndarray,
+                      target: TargetWorkload) -> tuple[np.ndarray, np.ndarray]:
+    """((len(rows), F_NODE) float32 features, (len(rows),) fragmentation amount) of nodes ``rows``."""
+    rows = np.asarray(rows, dtype=np.int64)
+    cpu_cap = state.cpu_cap[rows]
+    cpu_left = cpu_cap - state.cpu_used[rows]
+    mem_cap = state.mem_cap[rows]
+    gcount = state.gpu_count[rows]
+    left = _gpu_left(state, rows)  # (r, G)
+    exists = np.arange(MAX_GPUS)[None, :] < gcount[:, None]
+    idle = left.sum(axis=1)
+    frag = node_frag_amount(cpu_left, left, access, target)
+    gpu_pods = np.array([sum(1 for p in state.bound[i] if p.num_gpu > 0) for i in rows], dtype=np.float64)
+    cols = [
+        cpu_left / CPU_SCALE,
+        (mem_cap - state.mem_used[rows]) / MEM_SCALE,
+        idle / GPU_SCALE,
+        ((left >= GPU_MILLI) & exists).sum(axis=1) / MAX_GPUS,
+        np.clip(state.pods_cap[rows] - state.pods_used[rows], 0, 110) / 110.0,
+        state.cpu_used[rows] / np.maximum(cpu_cap, 1),
+        state.mem_used[rows] / np.maximum(mem_cap, 1),
+        np.where(gcount > 0, 1.0 - idle / np.maximum(gcount * GPU_MILLI, 1), 0.0),
+        (gcount > 0).astype(np.float64),
+        gcount / MAX_GPUS,
+        ((left > 0) & (left < GPU_MILLI) & exists).sum(axis=1) / MAX_GPUS,
+        left.max(axis=1) / GPU_MILLI,
+        frag / GPU_SCALE,
+        np.divide(frag, idle, out=np.zeros(len(rows)), where=idle > 0),
+        access.astype(np.float64) @ target.prob,
+        (state.pods_used[rows] == 0).astype(np.float64),
+        state.schedulable[rows].astype(np.float64),
+        np.minimum(gpu_pods, 16) / MAX_GPUS,
+    ]
+    dev = -np.sort(-left, axis=1) / GPU_MILLI  # (r, G) free milli per device, descending
+    x = np.concatenate([np.stack(cols, axis=1), dev], axis=1).astype(np.float32)
+    return x, frag
+
+
+def placement_frag(shape: tuple, state: ClusterState, rows: np.ndarray, access: np.ndarray,
+                   target: TargetWorkload) -> tuple[np.ndarray, np.ndarray]:
+    """(fragmentation after placing a pod of ``shape`` on each node, device for a share or -1).
+
+    A share tries every device that fits and keeps the one leaving the least fragmentation (ties: the
+    lowest index); whole GPUs take the lowest-index free devices, as ``model.choose_gpus`` does."""
+    cpu, milli, num, _ = shape
+    cpu_left = state.cpu_cap[rows] - state.cpu_used[rows]
+    left = _gpu_left(state, rows)
+    key = np.column_stack([cpu_left, left, access])
+    _, first, inv = np.unique(key, axis=0, return_index=True, return_inverse=True)
+    inv = np.asarray(inv).reshape(-1)
+    u_cpu, u_left, u_acc = cpu_left[first], left[first], access[first]
+    m = len(first)
+    if 0 < milli < GPU_MILLI:
+        opts = np.repeat(u_left[:, None, :], MAX_GPUS, axis=1)  # (m, G options, G devices)
+        opts[:, np.arange(MAX_GPUS), np.arange(MAX_GPUS)] -= milli
+        after = node_frag_amount(np.repeat(u_cpu - cpu, MAX_GPUS), opts.reshape(-1, MAX_GPUS),
+                                 np.repeat(u_acc, MAX_GPUS, axis=0), target).reshape(m, MAX_GPUS)
+        after = np.where(u_left >= milli, after, np.inf)
+        dev = after.argmin(axis=1)
+        best = after[np.arange(m), dev]
+        dev = np.where(np.isfinite(best), dev, -1)
+        best = np.where(np.isfinite(best), best, node_frag_amount(u_cpu - cpu, u_left, u_acc, target))
+    else:
+        after_left = u_left.copy()
+        if milli > 0:
+            free = after_left == GPU_MILLI
+            after_left[free & (np.cumsum(free, axis=1) <= num)] = 0
+        best = node_frag_amount(u_cpu - cpu, after_left, u_acc, target)
+        dev = np.full(m, -1, np.int64)
+    return best[inv], dev[inv].astype(np.int64)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pods and pairs
+
+
+def pod_features(pods: Sequence[Pod], context: FeatureContext) -> np.ndarray:
+    """(P, F_POD) float32."""
+    rows = []
+    for p in pods:
+        milli = p.gpu_milli if p.num_gpu > 0 else 0
+        rows.append([
+            p.cpu_milli / CPU_SCALE, p.memory_mib / MEM_SCALE, p.num_gpu / MAX_GPUS, milli / GPU_MILLI,
+            p.num_gpu * milli / GPU_SCALE, float(p.is_gpu_share), float(p.num_gpu == 0),
+            float(p.qos in ("LS", "Guaranteed")), float(bool(p.gpu_spec)), context.shape_prob(p),
+            np.log1p(p.cpu_milli / 1000.0) / 5.0,
+        ])
+    return np.asarray(rows, dtype=np.float32).reshape(len(pods), F_POD)
+
+
+def pair_features(pod: Pod, state: ClusterState, cand: np.ndarray,
+                  context: FeatureContext) -> tuple[np.ndarray, np.ndarray]:
+    """((E, F_EDGE) float32 features, (E,) device) of placing ``pod`` on each node of ``cand``."""
+    idx = np.asarray(cand, dtype=np.int64)
+    delta, after, dev = context.frag_after(pod, state, idx)
+    milli = pod.gpu_milli if pod.num_gpu > 0 else 0
+    gpu_req = pod.num_gpu * milli
+    cpu_cap = np.maximum(state.cpu_cap[idx], 1)
+    cpu_free = state.cpu_cap[idx] - state.cpu_used[idx]
+    cpu_after = cpu_free - pod.cpu_milli
+    mem_after = state.mem_cap[idx] - state.mem_used[idx] - pod.memory_mib
+    left = _gpu_left(state, idx)
+    gcap = state.gpu_count[idx] * GPU_MILLI
+    gpu_after = left.sum(axis=1) - gpu_req
+    rows = np.arange(len(idx))
+    dev_left = np.where(dev >= 0, left[rows, np.maximum(dev, 0)] - milli, 0) / GPU_MILLI
+    whole_after = (left >= GPU_MILLI).sum(axis=1) - (pod.num_gpu if milli >= GPU_MILLI else 0)
+    cols = [
+        cpu_after / cpu_cap,
+        mem_after / np.maximum(state.mem_cap[idx], 1),
+        gpu_after / GPU_SCALE,
+        np.divide(gpu_after, gcap, out=np.zeros(len(idx)), where=gcap > 0),
+        np.clip(delta / FRAG_SCALE, -8.0, 8.0),
+        1.0 / (1.0 + np.exp(delta / FRAG_SCALE)),
+        after / GPU_SCALE,
+        dev_left,
+        np.where(state.gpu_count[idx] > 0, whole_after, 0) / MAX_GPUS,
+        np.divide(pod.cpu_milli, cpu_free, out=np.zeros(len(idx)), where=cpu_free > 0),
+        0.5 * cpu_after / CPU_SCALE + 0.5 * gpu_after / GPU_SCALE,
+        (state.pods_used[idx] == 0).astype(np.float64),
+        ((gcap > 0) & (gpu_after <= 0) & (gpu_req > 0)).astype(np.float64),
+        np.divide(gpu_req, gcap, out=np.zeros(len(idx)), where=gcap > 0),
+    ]
+    return np.stack(cols, axis=1).astype(np.float32).reshape(len(idx), F_EDGE), dev
+
+
+# ---------------------------------------------------------------------------------------------
+# Edges
+
+
+def _ring(members: np.ndarray, half: int) -> list[np.ndarray]:
+    """Edges (src, dst) linking each member to ``half`` neighbours on each side of a ring (no self loops)."""
+    k = len(members)
+    if k < 2:
+        return []
+    out = []
+    for s in range(1, min(half, (k - 1) // 2 + (k - 1) % 2) + 1):
+        src, dst = members, np.roll(members, -s)
+        out.append(np.stack([src, dst]))
+        out.append(np.stack([dst, src]))
+    return out
+
+
+def node_edges(state: ClusterState) -> np.ndarray:
+    """(2, E_nn) int64 node -> node: rack ring (+-RACK_HALF), zone ring (+-ZONE_HALF), self loops; unique."""
+    zones, racks = {}, {}
+    for i, nd in enumerate(state.nodes):
+        zone, rack = nd.zone, nd.rack
+        if not zone and not rack:
+            rack = f"pool:{nd.gpu_model or 'cpu'}"  # unlabelled nodes: one pool per GPU model
+        racks.setdefault((zone, rack), []).append(i)
+        zones.setdefault(zone, []).append(i)
+    parts = [np.stack([np.arange(state.n_nodes)] * 2)]
+    for members in racks.values():
+        parts += _ring(np.asarray(members, np.int64), RACK_HALF)
+    for zone, members in zones.items():
+        order = sorted(members, key=lambda i: (state.nodes[i].rack, i)) if zone else members
+        parts += _ring(np.asarray(order, np.int64), ZONE_HALF)
+    edges = np.concatenate(parts, axis=1)
+    edges = np.unique(edges, axis=1)
+    return edges.astype(np.int64)
+
+
+def _pod_group(p: Pod) -> tuple | None:
+    if p.service:
+        return ("svc", p.namespace, p.service)
+    if p.has_pod_affinity and p.labels:
+        return ("labels", p.namespace, tuple(sorted(p.labels.items())))
+    return None
+
+
+def pod_edges(pods: Sequence[Pod]) -> np.ndarray:
+    """(2, E_pp) int64 pod -> pod between pending pods of one service / affine label set (+-POD_HALF), self loops."""
+    groups: dict[tuple, list[int]] = {}
+    for k, p in enumerate(pods):
+        g = _pod_group(p)
+        if g is not None:
+            groups.setdefault(g, []).append(k)
+    parts = [np.stack([np.arange(len(pods))] * 2)]
+    for members in groups.values():
+        parts += _ring(np.asarray(members, np.int64), POD_HALF)
+    return np.unique(np.concatenate(parts, axis=1), axis=1).astype(np.int64).reshape(2, -1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The graph
+
+
+def build_graph(pods: Sequence[Pod], state: ClusterState, candidates: Sequence[np.ndarray],
+                context: FeatureContext) -> HeteroGraph:
+    """The graph of pending ``pods`` on ``state``; ``candidates[k]`` are pod k's feasible node indexes."""
+    if len(candidates) != len(pods):
+        raise ValueError(f"build_graph: {len(pods)} pods but {len(candidates)} candidate arrays")
+    node_x = context.node_x(state)
+    attrs, devs, cp, cn = [], [], [], []
+    for k, (pod, cand) in enumerate(zip(pods, candidates)):
+        cand = np.asarray(cand, dtype=np.int64).reshape(-1)
+        if cand.size and (cand.min() < 0 or cand.max() >= state.n_nodes):
+            raise ValueError(f"build_graph: candidate node index out of range for pod {pod.key}")
+        a, d = pair_features(pod, state, cand, context)
+        attrs.append(a)
+        devs.append(d)
+        cp.append(np.full(cand.size, k, np.int64))
+        cn.append(cand)
+    cat = lambda xs, shape, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(shape, dt)  # noqa: E731
+    return HeteroGraph(
+        node_x=node_x,
+        pod_x=pod_features(pods, context),
+        nn_edge_index=context.nn_edges(state),
+        pp_edge_index=pod_edges(pods),
+        cand_pod=cat(cp, (0,), np.int64),
+        cand_node=cat(cn, (0,), np.int64),
+        cand_attr=cat(attrs, (0, F_EDGE), np.float32).reshape(-1, F_EDGE),
+        cand_device=cat(devs, (0,), np.int64),
+    )
+
+
+def device_for(pod: Pod, state: ClusterState, node_index: int, context: FeatureContext) -> tuple[int, ...] | None:
+    """GPU devices the learned policy binds ``pod`` to on ``node_index``: the least-fragmenting device for
+    a share (``cand_device``), the lowest-index free devices for whole GPUs, () without GPUs."""
+    if not pod.is_gpu_share:
+        return choose_gpus(pod, state.gpu_free()[node_index])
+    _, _, dev = context.frag_after(pod, state, np.array([node_index], np.int64))
+    return (int(dev[0]),) if dev[0] >= 0 else None

@@ -1,0 +1,120 @@
+"""Training configuration: typed, frozen dataclasses filled from YAML (unknown keys are errors)."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from agmarl_trainer.model import NetConfig
+
+
+@dataclass(frozen=True)
+class ImitationConfig:
+    episodes: int = 24  # expert (FGD) inflation episodes on openb sub-clusters
+    dynamic_episodes: int = 2  # expert (dynamic_expert) episodes on synthetic dynamic workloads
+    record_prob: float = 0.3  # share of decisions kept as samples
+    epochs: int = 6
+    batch_graphs: int = 32
+    lr: float = 3e-3
+    expert: str = "fgd"
+    dynamic_expert: str = "kube-default"
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    iterations: int = 0  # PPO iterations after imitation (0 = imitation only)
+    episodes_per_iter: int = 2  # inflation episodes per iteration (one per worker is efficient)
+    dynamic_episodes_per_iter: int = 0
+    record_prob: float = 1.0
+    ppo_epochs: int = 2
+    batch_graphs: int = 64
+    lr: float = 3e-4
+    clip: float = 0.2
+    gamma: float = 1.0
+    gae_lambda: float = 0.95
+    value_coef: float = 0.5
+    entropy_coef: float = 0.001
+    beta: float = 1.0  # weight of the fragmentation term of the inflation step reward
+    max_grad_norm: float = 1.0
+
+
+@dataclass(frozen=True)
+class SimulatorConfig:
+    nodes_min: int = 60  # sub-cluster size range (nodes sampled from the openb node list)
+    nodes_max: int = 200
+    dynamic_nodes: int = 40  # synthetic cluster size for dynamic episodes
+    dynamic_horizon_s: float = 600.0
+    dynamic_tick_s: float = 5.0
+    dynamic_workloads: tuple[str, ...] = ("diurnal", "batch_online_mix")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    sub_nodes: int = 200  # quick evaluation during training: held-out sub-cluster seeds
+    sub_seeds: tuple[int, ...] = (1000, 1001)
+    workloads: tuple[str, ...] = ("default",)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    name: str = "default"
+    seed: int = 0
+    workers: int = 2  # rollout worker processes
+    train_workloads: tuple[str, ...] = ("default", "cpu050", "gpushare40")  # openb pod lists trained on
+    time_budget_s: float = 1800.0  # RL stops early to stay inside this wall-clock budget
+    torch_threads: int = 2
+    net: NetConfig = field(default_factory=NetConfig)
+    sim: SimulatorConfig = field(default_factory=SimulatorConfig)
+    imitation: ImitationConfig = field(default_factory=ImitationConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{where}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {unknown}; known: {sorted(names)}")
+    kwargs = {}
+    for key, value in data.items():
+        t = hints[key]
+        if dataclasses.is_dataclass(t):
+            kwargs[key] = _build(t, value or {}, f"{where}.{key}")
+        elif typing.get_origin(t) is tuple:
+            kwargs[key] = tuple(value)
+        elif t is float:
+            kwargs[key] = float(value)
+        elif t is int:
+            if isinstance(value, bool) or int(value) != value:
+                raise ValueError(f"{where}.{key}: expected an integer, got {value!r}")
+            kwargs[key] = int(value)
+        else:
+            kwargs[key] = value
+    return cls(**kwargs)
+
+
+def config_from_dict(data: Mapping[str, Any]) -> TrainConfig:
+    return _build(TrainConfig, data, "config")
+
+
+def load_config(path: str | Path) -> TrainConfig:
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    return config_from_dict(data)
+
+
+def config_to_dict(cfg: TrainConfig) -> dict[str, Any]:
+    def conv(v):
+        if isinstance(v, tuple):
+            return [conv(x) for x in v]
+        if isinstance(v, dict):
+            return {k: conv(x) for k, x in v.items()}
+        return v
+    return conv(dataclasses.asdict(cfg))
