@@ -239,7 +239,7 @@ def main() -> None:
                       f"{all(x <= budget_s for x in lat['prioritize'])}")
         finally:
             code = proc.stop()
-            print(f"inference exit code: {code}")
+            print(f"inference exit code: {code} (log: {work / 'inference.log'})")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,6 +16,13 @@ from pathlib import Path
 from agmarl_common.natsserver import NatsServer
 
 SERVICES = ("state-collector", "graph-builder", "inference", "reward-calculator", "adaptive-engine", "trainer")
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (for the extender of a local run; 8080 may well be taken)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def module_of(service: str) -> str:
@@ -34,6 +42,7 @@ class System:
     nats: NatsServer | None = None
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     logs: dict[str, Path] = field(default_factory=dict)
+    http_port: int = field(default_factory=lambda: free_port())  # the extender's port for this run
 
     @property
     def trace_dir(self) -> Path:
@@ -63,6 +72,8 @@ class System:
             "PYTHONUNBUFFERED": "1",
             "AGMARL_PARENT_PID": str(os.getpid()),
         })
+        if service == "inference" and "AGMARL_HTTP_PORT" not in env:
+            env["AGMARL_HTTP_PORT"] = str(self.http_port)
         env.update(extra or {})
         return env
 
@@ -81,6 +92,7 @@ class System:
 
     def write_run_file(self) -> None:
         info = {"run_id": self.run_id, "nats_url": self.nats_url, "trace_dir": str(self.trace_dir),
+                "extender_url": f"http://127.0.0.1:{self.http_port}",
                 "log_dir": str(self.log_dir), "pids": {k: p.pid for k, p in self.procs.items()},
                 "nats_pid": self.nats.pid if self.nats else None}
         (self.root / "run.json").write_text(json.dumps(info, indent=2))

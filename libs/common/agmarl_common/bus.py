@@ -273,5 +273,9 @@ class Bus:
             await self.close()
 
     async def close(self) -> None:
+        """Close; a connection the server already dropped is closed quietly (shutdown never fails on it)."""
         if not self.nc.is_closed:
-            await self.nc.close()
+            try:
+                await self.nc.close()
+            except (ConnectionError, OSError) as exc:
+                self.log.info("closing %s: connection already gone (%s)", self.name, type(exc).__name__)

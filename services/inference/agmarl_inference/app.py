@@ -16,7 +16,9 @@ from agmarl_common.graph import state_from_features
 from agmarl_common.policies.registry import get_policy
 from agmarl_common.service import HandlerContext, ServiceRuntime
 from agmarl_common.settings import load_settings
+from agmarl_inference.batch import start_batch_mode
 from agmarl_inference.decide import decide
+from agmarl_inference.overlay import InFlight
 from agmarl_inference.http import setup_extender, start_extender
 from agmarl_inference.settings import InferenceSettings
 
@@ -32,6 +34,8 @@ class InferenceApp:
         self.policy = self.default
         self.model_version = ""
         self.mode = settings.rollout_mode
+        self.replica = uuid.uuid4().hex[:12]  # this replica's name in Decision.origin
+        self.in_flight = InFlight()
         reg = rt.registry
         self.decisions = Counter("agmarl_decisions_total", "Scheduling decisions",
                                  ["policy", "mode", "source", "result"], registry=reg)
@@ -53,7 +57,8 @@ class InferenceApp:
         except (KeyError, ValueError) as exc:
             self.rt.log.warning("policy selection %r rejected: %s; keeping %s", sel.policy, exc, self.policy.name)
             return
-        self.policy, self.model_version, self.mode = policy, sel.model_version, sel.mode or self.mode
+        # the rollout mode is owned by the KV key ``rollout`` (set_mode), not by policy selections
+        self.policy, self.model_version = policy, sel.model_version
         self.rt.log.info("active policy now %s (version %s, mode %s): %s", policy.name, sel.model_version or "-",
                          self.mode, sel.reason)
         self._set_active_gauge()
@@ -71,10 +76,15 @@ class InferenceApp:
         if msg.cluster != self.settings.cluster:
             return
         pod = pod_from_dict(msg.pod)
-        state = state_from_features(msg.features)
+        if self.settings.batch_scheduler_name and pod.scheduler_name == self.settings.batch_scheduler_name:
+            return  # batch mode places these pods jointly
+        now = time.time()
+        # this replica's decisions the graph does not show yet take their resources first
+        state = self.in_flight.apply(state_from_features(msg.features), msg.decisions_seen.get(self.replica, 0), now)
         choice = decide(pod, state, self.policy, self.default, self.mode, self.settings.hybrid_model_weight,
                         msg.filtered_out)
         decided_at = time.time()
+        seq = self.in_flight.record(pod, choice.node, choice.gpus, decided_at)
         result = "scheduled" if choice.node else "unschedulable"
         span = ctx.span
         span.set_attribute("agmarl.pod", pod.key)
@@ -86,7 +96,7 @@ class InferenceApp:
             node=choice.node, gpus=list(choice.gpus), policy=self.policy.name, model_version=self.model_version,
             mode=self.mode, score=choice.score, scores=choice.scores, model_scores=choice.model_scores,
             default_scores=choice.default_scores, explanation=choice.explanation, trace_id=trace_id,
-            seen_at=msg.seen_at, decided_at=decided_at, source="loop")
+            seen_at=msg.seen_at, decided_at=decided_at, source="loop", origin=self.replica, origin_seq=seq)
         await ctx.publish(subjects.decision(msg.cluster, pod.namespace), decision, js=True,
                           msg_id=decision.decision_id)
         self.decisions.labels(policy=self.policy.name, mode=self.mode, source="loop", result=result).inc()
@@ -108,6 +118,8 @@ async def main() -> int:
     rt.handle(subjects.graph(settings.cluster), m.GraphRequest, queue=settings.queue_group)(app.on_graph)
     rt.handle(subjects.policy_selection(), m.PolicySelection)(app.on_policy)
     extender = setup_extender(rt, app, settings, decisions=app.decisions)
+    if settings.batch_scheduler_name:
+        start_batch_mode(rt, settings, policy=lambda: app.policy)
     await rt.start()
     await rt.bus.ensure_streams()
     try:

@@ -47,8 +47,8 @@ class CollectorApp:
                                       registry=reg)
 
     async def on_decision(self, msg: m.Decision, ctx: HandlerContext) -> None:
-        if msg.cluster != self.settings.cluster:
-            return
+        if msg.cluster != self.settings.cluster or msg.source != "loop":
+            return  # extender and batch decisions are bound by kube-scheduler / the binder, not here
         now = time.time()
         if not msg.node:
             self.sim.unschedulable(msg.pod_key, now)

@@ -16,6 +16,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
+from agmarl_common.policies.fgd import FGD_PAPER_POLICIES
 from agmarl_common.policies.registry import get_policy
 from agmarl_common.sim import dynamic, synthetic, traces
 from agmarl_trainer.rollout import Sample, action_edges, collate, run_dynamic_episode, run_inflation_episode, \
@@ -36,6 +37,13 @@ class EpisodeTask:
     beta: float = 1.0
     horizon_s: float = 600.0
     tick_s: float = 5.0
+
+
+def expert_policy(name: str, seed: int):
+    """A baseline by name: the FGD paper's policies (fgd, bestfit, ...) or any registered policy."""
+    if name in FGD_PAPER_POLICIES:
+        return FGD_PAPER_POLICIES[name](seed)
+    return get_policy(name, seed)
 
 
 @functools.lru_cache(maxsize=None)
@@ -68,7 +76,7 @@ def run_task(task: EpisodeTask) -> tuple[list[Sample], dict[str, float]]:
     from agmarl_trainer.rollout import torch_scorer
 
     rng = np.random.default_rng(task.seed)
-    expert = get_policy(task.expert, task.seed) if task.expert else None
+    expert = expert_policy(task.expert, task.seed) if task.expert else None
     scorer = None if expert is not None else torch_scorer(_NET)
     if task.protocol == "inflation":
         nodes = sub_cluster(openb_nodes(), task.n_nodes, rng)
@@ -122,7 +130,7 @@ def minibatches(n: int, size: int, rng: np.random.Generator) -> Iterator[np.ndar
 def imitation_loss(net, samples: Sequence[Sample]) -> tuple[torch.Tensor, float]:
     """(mean cross-entropy over pods that acted, accuracy of the argmax) of a minibatch."""
     batch = collate([s.graph for s in samples])
-    logits = net.logits(batch)  # (E,)
+    logits = net(batch)  # (E,)
     logp = segment_log_softmax(logits, batch["cand_pod"], int(batch["n_pods"]))
     edges, pods = action_edges(samples, batch)
     loss = -logp[edges].mean()

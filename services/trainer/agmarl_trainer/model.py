@@ -17,6 +17,7 @@ pod -> pod edges included (centralised training) and mixes per-pod utilities mon
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -85,7 +86,9 @@ class PodActor(nn.Module):
     def __init__(self, cfg: NetConfig = NetConfig()):
         super().__init__()
         h = cfg.hidden
-        self.conv = HeteroConv({CAND: _gat((h + F_NODE, F_POD), h, cfg.heads, edge_dim=F_EDGE)}, aggr="sum")
+        with warnings.catch_warnings():  # node types are sources only here, by design
+            warnings.filterwarnings("ignore", message="There exist node types")
+            self.conv = HeteroConv({CAND: _gat((h + F_NODE, F_POD), h, cfg.heads, edge_dim=F_EDGE)}, aggr="sum")
         self.score = nn.Sequential(
             nn.Linear(2 * h + F_POD + F_NODE + F_EDGE, cfg.mlp), nn.ReLU(),
             nn.Linear(cfg.mlp, cfg.mlp), nn.ReLU(),
@@ -155,6 +158,10 @@ class PolicyNet(nn.Module):
         self.encoder = GATEncoder(cfg)
         self.actor = PodActor(cfg)
         self.critic = CentralCritic(cfg)
+
+    def forward(self, g: dict[str, Tensor], with_value: bool = False):
+        """Logits (E,) of a batched graph, and the critic's values (G,) when ``with_value`` (DDP calls this)."""
+        return self.logits_and_value(g) if with_value else self.logits(g)
 
     def logits(self, g: dict[str, Tensor]) -> Tensor:
         """Candidate logits (E,) of a (batched) graph dict of tensors."""

@@ -27,6 +27,7 @@ import torch
 from tqdm import tqdm
 
 from agmarl_trainer.config import TrainConfig, config_to_dict
+from agmarl_trainer.distributed import common_count
 from agmarl_trainer.imitation import EpisodeTask, expert_tasks, imitation_loss, minibatches, openb_nodes, \
     openb_pods, run_tasks
 from agmarl_trainer.model import PolicyNet
@@ -96,6 +97,7 @@ def train_imitation(net: PolicyNet, cfg: TrainConfig, log: MetricsLog, rng: np.r
     ic = cfg.imitation
     results = run_tasks(expert_tasks(cfg, rng), cfg.workers)
     samples = [s for episode, _ in results for s in episode]
+    samples = samples[:common_count(len(samples))]  # equal steps on every rank
     if not samples:
         raise RuntimeError("imitation: the experts produced no samples (clusters too small?)")
     model = wrap(net) if wrap is not None else net
@@ -114,7 +116,7 @@ def train_imitation(net: PolicyNet, cfg: TrainConfig, log: MetricsLog, rng: np.r
                 opt.step()
                 sched.step()
                 step += 1
-                last = {"loss": float(loss), "accuracy": acc}
+                last = {"loss": loss.item(), "accuracy": acc}
                 log.row(phase="imitation", step=step, lr=sched.get_last_lr()[0], **last)
                 bar.update(1)
                 bar.set_postfix(loss=f"{last['loss']:.3f}", acc=f"{acc:.2f}")
@@ -142,7 +144,7 @@ def gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, gamma: float
 def ppo_terms(net, samples: Sequence[Sample]):
     """(joint log-prob per graph (G,), mean per-pod entropy, values (G,)) under the current networks."""
     batch = collate([s.graph for s in samples])
-    logits, values = net.logits_and_value(batch)
+    logits, values = net(batch, with_value=True)
     logp = segment_log_softmax(logits, batch["cand_pod"], int(batch["n_pods"]))
     edges, pods = action_edges(samples, batch)
     joint = torch.zeros(len(samples)).index_add(0, batch["pod_batch"][pods], logp[edges])
@@ -178,8 +180,8 @@ def ppo_update(net: PolicyNet, opt, samples: list[Sample], cfg: TrainConfig, log
             step += 1
             with torch.no_grad():
                 kl = float((torch.as_tensor(old_logp[idx], dtype=torch.float32) - logp).mean())
-            log.row(phase="rl", step=step, loss=float(loss), policy_loss=float(pg), value_loss=float(vl),
-                    entropy=float(entropy), approx_kl=kl, lr=rc.lr)
+            log.row(phase="rl", step=step, loss=loss.item(), policy_loss=pg.item(), value_loss=vl.item(),
+                    entropy=entropy.item(), approx_kl=kl, lr=rc.lr)
     return step
 
 
@@ -200,12 +202,13 @@ def train_rl(net: PolicyNet, cfg: TrainConfig, log: MetricsLog, rng: np.random.G
     opt = torch.optim.Adam(net.parameters(), lr=rc.lr)
     step, last = 0, {}
     for it in tqdm(range(rc.iterations), desc="ppo", leave=False, mininterval=2.0):
-        if time.monotonic() > deadline:
+        if common_count(int(time.monotonic() <= deadline)) == 0:  # any rank out of time: all stop
             last["stopped_early_at_iteration"] = it
             break
         state = {k: v.detach().clone() for k, v in net.state_dict().items()}
         results = run_tasks(rl_tasks(cfg, rng), cfg.workers, state, cfg.net)
         samples = [s for episode, _ in results for s in episode]
+        samples = samples[:common_count(len(samples))]
         stats = [st for _, st in results]
         ret = float(np.mean([st["return"] for st in stats]))
         allocs = [st["alloc_at_100"] for st in stats if "alloc_at_100" in st]
