@@ -173,7 +173,7 @@ def load_nodes(spec: EvalSpec) -> tuple[Node, ...]:
 
 def compress_times(pods: tuple[Pod, ...], horizon_s: float) -> tuple[Pod, ...]:
     """A trace longer than the horizon squeezed onto it: creation times and durations scaled by
-    horizon / span (durations at least 1 s; 0 stays 0, "runs forever"). Shorter traces unchanged."""
+    horizon / span (durations at least 1 s; 0 stays 0, "runs forever"). Every trace starts at 0."""
     times = [p.creation_time for p in pods]
     lo, span = min(times, default=0.0), max(times, default=0.0) - min(times, default=0.0)
     if span <= horizon_s:

@@ -38,7 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     pol = sub.add_parser("policy", help="the active policy")
     psub = pol.add_subparsers(dest="pcmd", required=True)
-    psub.add_parser("show")
+    psub.add_parser("show", help="the active selection and the recent history")
+    pset = psub.add_parser("set", help="select a policy by registry name (kube-resources, model:<version>, ...)")
+    pset.add_argument("name")
+    pset.add_argument("--mode", default="full", choices=("shadow", "recommend", "canary", "hybrid", "full"))
+    pset.add_argument("--reason", default="set from the CLI")
+    prb = psub.add_parser("rollback", help="go back to the previous selection in the history")
+    prb.add_argument("--reason", default="requested from the CLI")
 
     ev = sub.add_parser("eval", help="run scheduling policies side by side in the simulator and report")
     ev.add_argument("--protocol", required=True, choices=("inflation", "dynamic"))
@@ -87,7 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "trace":
         return commands.trace(args.query, args.dir)
     if args.cmd == "policy":
-        return asyncio.run(commands.policy_show())
+        from agmarl_cli import policy  # noqa: PLC0415
+        if args.pcmd == "set":
+            return asyncio.run(policy.policy_set(args.name, args.mode, args.reason))
+        if args.pcmd == "rollback":
+            return asyncio.run(policy.policy_rollback(args.reason))
+        return asyncio.run(policy.policy_show())
     return 2
 
 

@@ -165,6 +165,21 @@ def test_bad_input_from_the_command_line_has_no_traceback(tmp_path, openb_small)
     assert "missing columns" in proc.stderr
 
 
+@pytest.mark.parametrize("times,durations,horizon,want_times,want_durations", [
+    ((100.0, 150.0), (10.0, 0.0), 3600.0, (0.0, 50.0), (10.0, 0.0)),  # fits: shifted only
+    ((0.0, 7200.0), (3600.0, 100.0), 3600.0, (0.0, 3600.0), (1800.0, 50.0)),  # squeezed by 1/2
+    ((0.0, 36000.0), (5.0, 0.0), 3600.0, (0.0, 3600.0), (1.0, 0.0)),  # short -> 1 s, forever stays 0
+])
+def test_compress_times(times, durations, horizon, want_times, want_durations):
+    from agmarl_cli.evaluate import compress_times  # noqa: PLC0415
+    from agmarl_common.cluster.model import Pod  # noqa: PLC0415
+    pods = tuple(Pod(name=f"p{k}", cpu_milli=100, memory_mib=1, creation_time=t, duration=d)
+                 for k, (t, d) in enumerate(zip(times, durations)))
+    out = compress_times(pods, horizon)
+    assert tuple(p.creation_time for p in out) == want_times
+    assert tuple(p.duration for p in out) == want_durations
+
+
 def test_spec_defaults_pick_the_cluster_by_workload():
     from agmarl_cli.evaluate import load_nodes  # noqa: PLC0415
     assert len(load_nodes(EvalSpec("dynamic", "synthetic:diurnal"))) == 50

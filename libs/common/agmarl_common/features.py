@@ -340,18 +340,19 @@ def _ring(members: np.ndarray, half: int) -> list[np.ndarray]:
 
 def node_edges(state: ClusterState) -> np.ndarray:
     """(2, E_nn) int64 node -> node: rack ring (+-RACK_HALF), zone ring (+-ZONE_HALF), self loops; unique."""
-    zones, racks = {}, {}
+    zones, racks, rack_of = {}, {}, []
     for i, nd in enumerate(state.nodes):
         zone, rack = nd.zone, nd.rack
         if not zone and not rack:
             rack = f"pool:{nd.gpu_model or 'cpu'}"  # unlabelled nodes: one pool per GPU model
         racks.setdefault((zone, rack), []).append(i)
+        rack_of.append(rack)
         zones.setdefault(zone, []).append(i)
     parts = [np.stack([np.arange(state.n_nodes)] * 2)]
     for members in racks.values():
         parts += _ring(np.asarray(members, np.int64), RACK_HALF)
-    for zone, members in zones.items():
-        order = sorted(members, key=lambda i: (state.nodes[i].rack, i)) if zone else members
+    for zone, members in zones.items():  # a zone ring in rack order: links racks (pools) at their ends
+        order = sorted(members, key=lambda i: (rack_of[i], i))
         parts += _ring(np.asarray(order, np.int64), ZONE_HALF)
     edges = np.concatenate(parts, axis=1)
     edges = np.unique(edges, axis=1)

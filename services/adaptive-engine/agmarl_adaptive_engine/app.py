@@ -1,83 +1,201 @@
 """adaptive-engine: the owner of the active-policy selection.
 
-On start it makes sure the KV key ``active_policy`` holds a selection (the baseline until a model is
-published); it tracks rewards and workload statistics, runs a Page-Hinkley detector on rewards, and
-on drift publishes an alert and (rate-limited) a train request carrying the evidence. Every
-selection change is a PolicySelection event with its reason.
+On start it makes sure the KV key ``active_policy`` holds a selection (the baseline until something
+else is chosen) and that ``policy_history`` records it. It feeds rewards, snapshot counters and
+workload features (arrival mix, load, load spread, arrival rate) to the ``AdaptiveController``
+(``agmarl_common.adaptive``): drift detectors with hysteresis, the gate over the expert library,
+the guard with automatic rollback, and canary-only exploration. A loop every ``tick_seconds``
+picks up selections made elsewhere (``agmarl policy set``) from KV and applies the controller's
+switches: each one is written to KV (active + history) and published as a PolicySelection event
+with its reason. Drift alarms become (rate-limited) train requests carrying the evidence.
 """
 
 from __future__ import annotations
 
+import asyncio
+import random
 import time
 import uuid
+from collections import OrderedDict
 
 from prometheus_client import Counter, Gauge
 
 from agmarl_common import messages as m
 from agmarl_common import subjects
+from agmarl_common.adaptive import history as hist
+from agmarl_common.adaptive.controller import AdaptiveController, ControllerConfig, DriftAlarm, Switch
+from agmarl_common.adaptive.drift import Adwin, PageHinkley
+from agmarl_common.adaptive.explore import ExploreConfig
+from agmarl_common.adaptive.features import mix_counts, regime_features_from_stats
+from agmarl_common.adaptive.gate import ExpertLibrary, GateConfig
+from agmarl_common.adaptive.guard import GuardConfig
+from agmarl_common.cluster.model import pod_from_dict
+from agmarl_common.policies.registry import get_policy
 from agmarl_common.service import HandlerContext, ServiceRuntime
 from agmarl_common.settings import load_settings
-from agmarl_adaptive_engine.drift import PageHinkley, ph_update
 from agmarl_adaptive_engine.settings import AdaptiveSettings
 
 SERVICE = "adaptive-engine"
+SEEN_LIMIT = 50_000
+
+
+def controller_config(s: AdaptiveSettings) -> ControllerConfig:
+    return ControllerConfig(
+        library=ExpertLibrary(experts=dict(s.experts), baseline=s.default_policy),
+        gate=GateConfig(s.busy_enter, s.busy_exit, s.affinity_enter, s.affinity_exit, s.regime_dwell_seconds),
+        guard=GuardConfig(s.guard_window, s.guard_min_samples, s.guard_min_reward, s.guard_max_drop,
+                          s.guard_min_success, s.guard_min_decided),
+        explore=ExploreConfig(s.explore_rate, tuple(s.canary_namespaces)),
+        gate_enabled=s.gate_enabled, gate_period_s=s.gate_period_seconds, hold_s=s.hold_seconds,
+        quarantine_s=s.quarantine_seconds, default_mode=s.default_mode,
+        ph=PageHinkley(delta=s.ph_delta, threshold=s.ph_threshold, min_samples=s.ph_min_samples),
+        adwin=Adwin(delta=s.adwin_delta, max_window=s.adwin_max_window),
+        psi_enter=s.psi_enter, psi_exit=s.psi_exit, drift_dwell_s=s.drift_dwell_seconds)
+
+
+def policy_known(name: str) -> bool:
+    try:
+        get_policy(name)
+    except (KeyError, ValueError):
+        return False
+    return True
+
+
+def selection_fields(sel: m.PolicySelection) -> dict:
+    return sel.model_dump(exclude={"v"})
 
 
 class AdaptiveApp:
     def __init__(self, rt: ServiceRuntime, settings: AdaptiveSettings):
         self.rt = rt
         self.settings = settings
-        self.detector = PageHinkley(delta=settings.ph_delta, threshold=settings.ph_threshold,
-                                    min_samples=settings.ph_min_samples)
-        self.reward_ewma: float | None = None
+        self.controller: AdaptiveController | None = None
+        self.active_raw: bytes | None = None
+        self.rng = random.Random(settings.seed)
         self.last_retrain = 0.0
-        self.workload: dict[str, float] = {}
+        self.seen: OrderedDict[str, None] = OrderedDict()
+        self.last_snapshot: tuple[float, dict] | None = None
         reg = rt.registry
         self.drift_alerts = Counter("agmarl_drift_alerts_total", "Drift alarms", ["detector"], registry=reg)
-        self.switches = Counter("agmarl_policy_switches_total", "Active-policy changes", ["reason"], registry=reg)
+        self.switches = Counter("agmarl_policy_switches_total", "Active-policy changes", ["kind"], registry=reg)
         self.train_requests = Counter("agmarl_train_requests_total", "Train requests sent", registry=reg)
-        self.reward_gauge = Gauge("agmarl_reward_ewma", "Exponentially weighted mean reward", registry=reg)
+        self.reward_gauge = Gauge("agmarl_reward_last", "Latest total reward", registry=reg)
+        self.feature_gauge = Gauge("agmarl_regime_feature", "Latest regime features", ["feature"], registry=reg)
+        rt.health_details = self.details
 
-    async def ensure_selection(self) -> m.PolicySelection:
+    def details(self) -> dict:
+        c = self.controller
+        if c is None:
+            return {}
+        return {"policy": c.active.get("policy", ""), "mode": c.active.get("mode", ""), "regime": c.gate.regime,
+                "rewards_in_window": len(c.rewards), "history": len(c.history)}
+
+    # --- KV -----------------------------------------------------------------------------------------
+
+    async def read_kv(self) -> tuple[bytes | None, list[dict]]:
         raw = await self.rt.bus.kv_get(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY)
-        if raw:
-            return m.decode(m.PolicySelection, raw)
-        sel = m.PolicySelection(policy=self.settings.default_policy, mode=self.settings.default_mode,
-                                reason="initial selection: no trained model published yet, baseline scoring",
-                                time=time.time())
-        await self.select(sel)
-        return sel
+        history = hist.decode_history(await self.rt.bus.kv_get(subjects.CONFIG_BUCKET, hist.KEY_POLICY_HISTORY))
+        return raw, history
 
-    async def select(self, sel: m.PolicySelection) -> None:
-        await self.rt.bus.kv_put(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY, m.encode(sel))
+    async def start(self) -> None:
+        raw, history = await self.read_kv()
+        now = time.time()
+        if raw:
+            active = selection_fields(m.decode(m.PolicySelection, raw))
+            self.controller = AdaptiveController(controller_config(self.settings), active, history, now, policy_known)
+            self.active_raw = raw
+            if not history:
+                await self.rt.bus.kv_put(subjects.CONFIG_BUCKET, hist.KEY_POLICY_HISTORY,
+                                         hist.encode_history(self.controller.history))
+            return
+        sel = m.PolicySelection(policy=self.settings.default_policy, mode=self.settings.default_mode,
+                                reason="initial selection: no trained model published yet, baseline scoring", time=now)
+        self.controller = AdaptiveController(controller_config(self.settings), selection_fields(sel), history, now,
+                                             policy_known)
+        await self.apply(Switch("initial", selection_fields(sel)))
+
+    async def apply(self, sw: Switch) -> None:
+        sel = m.PolicySelection(**sw.selection)
+        raw = m.encode(sel)
+        self.active_raw = raw
+        await self.rt.bus.kv_put(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY, raw)
+        await self.rt.bus.kv_put(subjects.CONFIG_BUCKET, hist.KEY_POLICY_HISTORY,
+                                 hist.encode_history(self.controller.history))
         await self.rt.publish(subjects.policy_selection(), sel)
-        self.switches.labels(reason=sel.reason.split(":")[0][:40]).inc()
-        self.rt.log.info("policy selection: %s (%s)", sel.policy, sel.reason)
+        self.switches.labels(kind=sw.kind).inc()
+        self.rt.log.info("policy selection (%s): %s mode=%s (%s) evidence=%s", sw.kind, sel.policy, sel.mode,
+                         sel.reason, sw.evidence)
+
+    async def sync(self, now: float) -> None:
+        """Adopt a selection another writer (the CLI) put in KV."""
+        raw, history = await self.read_kv()
+        if not raw or raw == self.active_raw:
+            return
+        sel = m.decode(m.PolicySelection, raw)
+        self.active_raw = raw
+        self.controller.adopt(selection_fields(sel), history, now)
+        self.rt.log.info("adopted external selection %s (%s)", sel.policy, sel.reason)
+
+    # --- handlers -----------------------------------------------------------------------------------
 
     async def on_reward(self, msg: m.Reward, ctx: HandlerContext) -> None:
-        if msg.cluster != self.settings.cluster:
+        if msg.cluster != self.settings.cluster or self.controller is None:
             return
-        self.reward_ewma = msg.total if self.reward_ewma is None else 0.98 * self.reward_ewma + 0.02 * msg.total
-        self.reward_gauge.set(self.reward_ewma)
-        self.detector, drift = ph_update(self.detector, msg.total)
-        if drift:
-            self.drift_alerts.labels(detector="page_hinkley").inc()
-            self.rt.log.warning("reward drift detected (Page-Hinkley); ewma=%.3f", self.reward_ewma)
-            await self.maybe_retrain("reward drift (Page-Hinkley)")
+        self.reward_gauge.set(msg.total)
+        await self.on_alarms(self.controller.on_reward(msg.total, time.time()))
 
     async def on_snapshot(self, msg: m.ClusterSnapshot, ctx: HandlerContext) -> None:
-        if msg.cluster == self.settings.cluster:
-            self.workload = dict(msg.stats)
+        if msg.cluster != self.settings.cluster or self.controller is None:
+            return
+        self.controller.on_stats(msg.stats)
+        new = []
+        for d in msg.pending:
+            key = f"{d.get('namespace', 'default')}/{d.get('name', '')}"
+            if key not in self.seen:
+                self.seen[key] = None
+                new.append(pod_from_dict(d))
+        while len(self.seen) > SEEN_LIMIT:
+            self.seen.popitem(last=False)
+        dt = msg.time - self.last_snapshot[0] if self.last_snapshot else 0.0
+        self.last_snapshot = (msg.time, dict(msg.stats))
+        f = regime_features_from_stats(msg.stats, mix_counts(new), len(new) / dt if dt > 0 else 0.0)
+        for name in ("load", "load_std", "arrival_rate", "gpu_share", "ls_share", "affinity_share"):
+            self.feature_gauge.labels(feature=name).set(getattr(f, name))
+        await self.on_alarms(self.controller.on_features(f, time.time()))
 
-    async def maybe_retrain(self, reason: str) -> None:
+    async def on_alarms(self, alarms: list[DriftAlarm]) -> None:
+        for a in alarms:
+            self.drift_alerts.labels(detector=a.detector).inc()
+            self.rt.log.warning("drift detected (%s): statistic %.4f vs threshold %.4f", a.detector, a.statistic,
+                                a.threshold)
+            await self.maybe_retrain(a)
+
+    async def maybe_retrain(self, alarm: DriftAlarm) -> None:
         now = time.time()
         if now - self.last_retrain < self.settings.retrain_cooldown_seconds:
             return
         self.last_retrain = now
-        evidence = {"detector": "page_hinkley", "reward_ewma": self.reward_ewma, "workload": self.workload}
+        c = self.controller
+        evidence = {"detector": alarm.detector, "statistic": round(alarm.statistic, 6),
+                    "threshold": alarm.threshold, "window": alarm.window, "details": alarm.details,
+                    "features": c.features.as_dict() if c.features else {}, "regime": c.gate.regime,
+                    "active_policy": c.active.get("policy", "")}
         await self.rt.publish(subjects.train_request(), m.TrainRequest(
-            request_id=uuid.uuid4().hex, reason=reason, evidence=evidence, requested_at=now))
+            request_id=uuid.uuid4().hex, reason=f"drift detected by {alarm.detector}", evidence=evidence,
+            requested_at=now))
         self.train_requests.inc()
+
+    async def loop(self) -> None:
+        """Every ``tick_seconds``: adopt external selections, then apply the controller's switches."""
+        while True:
+            await asyncio.sleep(self.settings.tick_seconds)
+            now = time.time()
+            try:
+                await self.sync(now)
+                for sw in self.controller.tick(now, self.rng.random(), self.rng.random()):
+                    await self.apply(sw)
+            except Exception:  # noqa: BLE001 - one failed tick (e.g. NATS reconnecting) must not stop the loop
+                self.rt.log.exception("adaptive tick failed")
 
 
 async def main() -> int:
@@ -87,5 +205,6 @@ async def main() -> int:
     rt.handle(subjects.reward(settings.cluster), m.Reward)(app.on_reward)
     rt.handle(subjects.snapshot(settings.cluster), m.ClusterSnapshot)(app.on_snapshot)
     await rt.start()
-    await app.ensure_selection()
+    await app.start()
+    rt.spawn(app.loop(), "adaptive-loop")
     return await rt.run_until_stopped()

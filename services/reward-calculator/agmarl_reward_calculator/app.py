@@ -1,8 +1,11 @@
 """reward-calculator: each decision is rewarded from the first snapshot taken after it.
 
-Components come from ``agmarl_common.reward`` (the one definition the trainer uses too). Each
-reward is published, and an experience transition (stats before, action, reward, stats after) goes
-to the EXPERIENCE JetStream stream, deduplicated by the decision id.
+Components come from ``agmarl_common.reward`` (the one definition the trainer uses too), the total
+from the weighting scheme named in the settings (fixed | load_conditional | lexicographic). The
+window a reward covers runs from the previous snapshot to this one (counter deltas; the pending
+time is the mean age of the pods still waiting). Each reward is published with every component,
+and an experience transition (stats before, action, reward, stats after) goes to the EXPERIENCE
+JetStream stream with the decision id as message id, so a redelivered decision is stored once.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from prometheus_client import Counter, Gauge
 from agmarl_common import messages as m
 from agmarl_common import subjects
 from agmarl_common.cluster.model import state_from_dict
-from agmarl_common.reward import Outcomes, reward_components, total_reward
+from agmarl_common.reward import RewardScheme, outcomes_from_stats, scheme_reward
 from agmarl_common.service import HandlerContext, ServiceRuntime
 from agmarl_common.settings import load_settings
 from agmarl_reward_calculator.settings import RewardSettings
@@ -23,16 +26,28 @@ from agmarl_reward_calculator.settings import RewardSettings
 SERVICE = "reward-calculator"
 
 
+def scheme_of(settings: RewardSettings) -> RewardScheme:
+    return RewardScheme(settings.scheme, load_threshold=settings.load_threshold, stress_load=settings.stress_load,
+                        stress_sla=settings.stress_sla)
+
+
+def mean_pending_age(pending: list[dict], now: float) -> float:
+    """Mean ``now - creation_time`` of the waiting pods (0 when none)."""
+    ages = [max(0.0, now - float(p.get("creation_time", now))) for p in pending]
+    return sum(ages) / len(ages) if ages else 0.0
+
+
 class RewardApp:
     def __init__(self, rt: ServiceRuntime, settings: RewardSettings):
         self.rt = rt
         self.settings = settings
+        self.scheme = scheme_of(settings)
         self.waiting: OrderedDict[str, tuple[m.Decision, dict]] = OrderedDict()
         self.last_stats: dict[str, float] = {}
         self.last_seq = -1
         reg = rt.registry
         self.component = Gauge("agmarl_reward_component", "Latest reward component value", ["component"], registry=reg)
-        self.total = Gauge("agmarl_reward_total", "Latest total reward", registry=reg)
+        self.total = Gauge("agmarl_reward_total", "Latest total reward", ["scheme"], registry=reg)
         self.rewards = Counter("agmarl_rewards_published_total", "Rewards published", registry=reg)
 
     async def on_decision(self, msg: m.Decision, ctx: HandlerContext) -> None:
@@ -50,18 +65,14 @@ class RewardApp:
         ready = [(d, before) for d, before in self.waiting.values() if d.decided_at <= time.time()]
         if ready:
             state = state_from_dict(msg.state)
-            stats = msg.stats
-            outcomes = Outcomes(pending=int(stats.get("pending", 0)), scheduled=int(stats.get("bound", 0)),
-                                failed=int(stats.get("failed", 0) + stats.get("unschedulable", 0)),
-                                violations=int(stats.get("violations", 0)))
-            components = reward_components(state, outcomes)
-            total = total_reward(components)
+            outcomes = outcomes_from_stats(self.last_stats, msg.stats, mean_pending_age(msg.pending, msg.time))
+            components, total = scheme_reward(state, outcomes, self.scheme)
             for name, value in components.items():
                 self.component.labels(component=name).set(value)
-            self.total.set(total)
+            self.total.labels(scheme=self.scheme.name).set(total)
             for decision, before in ready:
                 self.waiting.pop(decision.decision_id, None)
-                await self._publish(decision, before, stats, components, total, msg.time)
+                await self._publish(decision, before, msg.stats, components, total, msg.time)
         self.last_stats = dict(msg.stats)
 
     async def _publish(self, d: m.Decision, before: dict, after: dict, components: dict[str, float],
@@ -69,7 +80,7 @@ class RewardApp:
         cluster = self.settings.cluster
         await self.rt.publish(subjects.reward(cluster), m.Reward(
             decision_id=d.decision_id, cluster=cluster, components=components, total=total,
-            scheme=self.settings.scheme, time=sim_time))
+            scheme=self.scheme.name, time=sim_time))
         await self.rt.publish(subjects.experience(cluster), m.Experience(
             id=d.decision_id, cluster=cluster, state=before,
             action={"pod_key": d.pod_key, "node": d.node, "policy": d.policy, "score": d.score},

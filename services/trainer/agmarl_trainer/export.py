@@ -99,7 +99,8 @@ class RowEncoder(nn.Module):
 
 
 class RowActor(nn.Module):
-    """``PodActor`` row-wise: (node_emb, node_x, pod_x, cand_pod, cand_node, cand_attr) -> (logits (E,), attention (E,))."""
+    """``PodActor`` row-wise: (node_emb, node_x, pod_x, cand_pod, cand_node, cand_attr)
+    -> (logits (E,), attention (E,))."""
 
     def __init__(self, net: PolicyNet):
         super().__init__()

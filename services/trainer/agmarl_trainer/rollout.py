@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from agmarl_common.cluster.filters import feasible_mask, feasible_nodes
+from agmarl_common.cluster.filters import feasible_mask, feasible_nodes, violations
 from agmarl_common.cluster.model import GPU_MILLI, ClusterState, Node, Pod, bind
 from agmarl_common.features import FeatureContext, HeteroGraph, build_graph, device_for
 from agmarl_common.policies.base import PolicyBase
@@ -298,6 +298,7 @@ def run_dynamic_episode(nodes: Sequence[Node], workload: Sequence[Pod], seed: in
     if samples:
         samples[-1].done = True
     stats = dynamic.snapshot_stats(state)
+    stats["hard_violations"] = float(len(violations(state.cluster)))
     stats["mean_reward"] = float(np.mean(rewards)) if rewards else 0.0
     return samples, stats
 

@@ -158,7 +158,7 @@ def ppo_update(net: PolicyNet, opt, samples: list[Sample], cfg: TrainConfig, log
     model = wrap(net) if wrap is not None else net
     with torch.no_grad():
         values = np.concatenate([ppo_terms(net, samples[i:i + 256])[2].numpy() for i in range(0, len(samples), 256)])
-    rewards = np.array([s.reward for s in samples])
+    rewards = np.array([s.reward for s in samples]) * rc.reward_scale
     dones = np.array([s.done for s in samples])
     adv = gae(rewards, values, dones, rc.gamma, rc.gae_lambda)
     returns = adv + values

@@ -103,3 +103,23 @@ def test_onnx_matches_pyg_on_a_real_openb_graph(exported):
     assert graph.n_nodes == 1523 and graph.n_cand > 1000
     assert np.abs(emb_o - emb_t).max() <= TOL
     assert np.abs(logits_o - logits_t).max() <= TOL
+
+
+def test_incremental_encoder_equals_full_passes(exported):
+    from agmarl_trainer.evaluate import IncrementalEncoder
+
+    _, (enc, _) = exported
+    nodes = traces.load_openb_nodes()
+    state = ClusterState.empty(nodes)
+    ctx = FeatureContext.from_workload(traces.load_openb_pods())
+    edges = ctx.nn_edges(state)
+    inc = IncrementalEncoder(enc, layers=2)
+    inc(ctx.node_x(state), edges)
+    rng = np.random.default_rng(0)
+    for pod in traces.load_openb_pods()[:20]:
+        cand = feasible_nodes(pod, state)
+        i = int(rng.choice(cand))
+        state = bind(state, pod, i, device_for(pod, state, i, ctx))
+        x = ctx.node_x(state)
+        full = enc.run(None, {"node_x": x, "nn_edge_index": edges})[0]
+        assert np.abs(inc(x, edges) - full).max() <= 1e-5

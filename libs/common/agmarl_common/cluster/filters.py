@@ -219,12 +219,12 @@ def _matching_counts(state: ClusterState, terms: tuple[PodAffinityTerm, ...], ow
             bucket = idx.group_pairs.get(pair, frozenset())
             if candidates is None or len(bucket) < len(candidates):
                 candidates = bucket
-    total = np.zeros(state.n_nodes, dtype=np.int64)
+    total = None
     for gk in idx.groups if candidates is None else candidates:
         labels, counts = idx.groups[gk]
         if all(term_matches(t, owner_ns, gk[0], labels) for t in terms):
-            total += counts
-    return total
+            total = counts if total is None else total + counts
+    return np.zeros(state.n_nodes, dtype=np.int64) if total is None else total  # read-only when one group matched
 
 
 def _hit_domains(codes: np.ndarray, counts: np.ndarray, n_domains: int) -> np.ndarray:
@@ -320,7 +320,7 @@ def _existing_anti(pod: Pod, state: ClusterState) -> np.ndarray | None:
         keys.update(idx.anti_pairs.get(pair, ()))
     per_key: dict[str, np.ndarray] = {}
     for ak in keys:
-        term, counts = idx.anti[ak]
+        term, _, counts = idx.anti[ak]
         if term_matches(term, ak[0], pod.namespace, pod.labels):
             k = term.topology_key
             per_key[k] = per_key[k] + counts if k in per_key else counts
@@ -458,30 +458,46 @@ def _capacity_violations(state: ClusterState, i: int) -> list[str]:
     return out
 
 
-def _anti_violations(state: ClusterState, i: int, p: Pod, memo: dict) -> list[str]:
-    """Pods other than ``p`` (on node i) in one of its required anti-affinity domains that match the term.
+def _anti_suspects(state: ClusterState) -> np.ndarray:
+    """(n,) bool: nodes holding a pod with a required anti-affinity term that some other pod in the
+    term's domain matches, by the counts of the PodIndex; a pod on any other node violates none.
 
-    ``memo`` lives for one ``violations`` call (keys hold ids of objects the state keeps alive)."""
+    One row per anti-affinity entry of the index (term and carrier labels), one pass per topology key."""
+    idx = pod_index(state)
+    rows: dict[str, tuple[list, list, list]] = {}  # topology key -> carriers, matching pods, carrier matches term
+    matching: dict[tuple, np.ndarray] = {}
+    for (ns, tkey, _), (term, labels, carriers) in idx.anti.items():
+        if (ns, tkey) not in matching:
+            matching[ns, tkey] = _matching_counts(state, (term,), ns)
+        row = rows.setdefault(term.topology_key, ([], [], []))
+        row[0].append(carriers)
+        row[1].append(matching[ns, tkey])
+        row[2].append(1 if term_matches(term, ns, ns, labels) else 0)
+    suspects = np.zeros(state.n_nodes, dtype=bool)
+    for key, (carriers, matched, self_match) in rows.items():
+        cd, ids = _domains(state, key)
+        width = len(ids) + 1  # the last column collects nodes without the key
+        col = np.where(cd >= 0, cd, width - 1)
+        m = np.array(matched)  # (entries, n)
+        cells = (np.arange(m.shape[0])[:, None] * width + col[None, :]).ravel()
+        per_domain = np.bincount(cells, weights=m.ravel(), minlength=m.shape[0] * width).reshape(-1, width)
+        others = per_domain[:, col] - np.array(self_match)[:, None]  # matching pods in the domain, but the carrier
+        suspects |= ((np.array(carriers) > 0) & (others > 0)).any(axis=0) & (cd >= 0)
+    return suspects
+
+
+def _anti_violations(state: ClusterState, i: int, p: Pod, memo: dict) -> list[str]:
+    """Pods other than ``p`` (on node i) in one of its required anti-affinity domains that match the term."""
     node, out = state.nodes[i], []
     for term in p.pod_anti_affinity:
-        key = (p.namespace, id(term))
-        if key not in memo:
-            cd, ids = _domains(state, term.topology_key)
-            matching = _matching_counts(state, (term,), p.namespace)
-            has = cd >= 0
-            memo[key] = cd, matching, np.append(np.bincount(cd[has], weights=matching[has], minlength=len(ids)), 0)
-        cd, matching, per_domain = memo[key]
-        found = per_domain[cd[i]]  # matching pods in p's domain (0 when node i lacks the key)
-        if found == 0:
+        cd, _ = _domains(state, term.topology_key)
+        if cd[i] < 0:
             continue
-        if found == 1:  # clean when that one is p itself
-            self_key = (p.namespace, id(term), id(p.labels))
-            if self_key not in memo:
-                memo[self_key] = term_matches_pod(term, p.namespace, p)
-            if memo[self_key]:
-                continue
+        key = (p.namespace, term_key(term))
+        if key not in memo:
+            memo[key] = _matching_counts(state, (term,), p.namespace)
         mine = label_value(node, term.topology_key)
-        for j in np.flatnonzero((cd == cd[i]) & (matching > 0)).tolist():
+        for j in np.flatnonzero((cd == cd[i]) & (memo[key] > 0)).tolist():
             for q in state.bound[j]:
                 if q.key != p.key and term_matches_pod(term, p.namespace, q):
                     out.append(f"{p.key} on {node.name}: anti-affinity ({term.topology_key}={mine}) "
@@ -489,7 +505,7 @@ def _anti_violations(state: ClusterState, i: int, p: Pod, memo: dict) -> list[st
     return out
 
 
-def _pod_violations(state: ClusterState, i: int, p: Pod, memo: dict) -> list[str]:
+def _pod_violations(state: ClusterState, i: int, p: Pod, anti: bool, memo: dict) -> list[str]:
     node, out = state.nodes[i], []
     where = f"{p.key} on {node.name}"
     if p.num_gpu and p.gpu_spec and state.gpu_model[i] not in p.gpu_spec:
@@ -500,7 +516,7 @@ def _pod_violations(state: ClusterState, i: int, p: Pod, memo: dict) -> list[str
         status = check(p, node)
         if not status.ok:
             out.append(f"{where}: {status.plugin}: {status.reason}")
-    if p.pod_anti_affinity:
+    if anti and p.pod_anti_affinity:
         out.extend(_anti_violations(state, i, p, memo))
     return out
 
@@ -515,12 +531,13 @@ def violations(state: ClusterState) -> list[str]:
     """
     out: list[str] = []
     capacity = _capacity_flags(state)
-    memo: dict = {}  # anti-affinity terms: pods matching them per node and per domain
+    suspects = _anti_suspects(state).tolist()
+    memo: dict = {}  # (namespace, term key) -> pods matching the term per node
     for i in range(state.n_nodes):
         if capacity[i]:
             out.extend(_capacity_violations(state, i))
+        anti, tainted = suspects[i], bool(state.nodes[i].taints)
         for p in state.bound[i]:
-            if (p.num_gpu and p.gpu_spec) or p.node_selector or p.required_node_affinity or p.pod_anti_affinity \
-                    or state.nodes[i].taints:
-                out.extend(_pod_violations(state, i, p, memo))
+            if anti or tainted or (p.num_gpu and p.gpu_spec) or p.node_selector or p.required_node_affinity:
+                out.extend(_pod_violations(state, i, p, anti, memo))
     return out

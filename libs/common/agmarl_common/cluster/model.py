@@ -318,8 +318,8 @@ class PodIndex:
 
     - ``groups``: (namespace, sorted label items) -> (labels, (n,) bound pods with exactly those labels per node);
     - ``group_pairs``: label (key, value) -> keys of the groups whose labels hold that pair;
-    - ``anti``: (owner namespace, ``term_key``) -> (term, (n,) bound pods per node carrying that required
-      anti-affinity term);
+    - ``anti``: (owner namespace, ``term_key``, owner label items) -> (term, owner labels, (n,) bound pods per
+      node with those labels carrying that required anti-affinity term);
     - ``anti_pairs``: ``_anti_pair(term)`` (a pair every matching pod carries; None when the selector has no
       matchLabels) -> keys of ``anti``;
     - ``zero_cpu`` / ``zero_mem``: (n,) bound pods per node without a cpu / memory request;
@@ -333,7 +333,7 @@ class PodIndex:
     nodes: tuple
     groups: Mapping[tuple, tuple[Mapping[str, str], np.ndarray]]
     group_pairs: Mapping[tuple[str, str], frozenset]
-    anti: Mapping[tuple, tuple[PodAffinityTerm, np.ndarray]]
+    anti: Mapping[tuple, tuple[PodAffinityTerm, Mapping[str, str], np.ndarray]]
     anti_pairs: Mapping[tuple[str, str] | None, frozenset]
     zero_cpu: np.ndarray
     zero_mem: np.ndarray
@@ -343,23 +343,38 @@ class PodIndex:
     def build(nodes: tuple[Node, ...], bound: tuple[tuple[Pod, ...], ...]) -> "PodIndex":
         """The index of ``bound`` from scratch, in one pass over the pods."""
         n = len(bound)
-        groups: dict[tuple, tuple[Mapping[str, str], np.ndarray]] = {}
-        anti: dict[tuple, tuple[PodAffinityTerm, np.ndarray]] = {}
+        where: dict[tuple, list[int]] = {}  # group or anti key -> node of each pod
+        first: dict[tuple, tuple] = {}  # key -> what the index stores next to the counts
         zero_cpu, zero_mem = np.zeros(n, np.int64), np.zeros(n, np.int64)
         for i, pods in enumerate(bound):
             for p in pods:
-                gk = (p.namespace, labels_key(p.labels))
-                groups.setdefault(gk, (p.labels, np.zeros(n, np.int64)))[1][i] += 1
+                items = labels_key(p.labels)
+                gk = (p.namespace, items)
+                if gk not in where:
+                    where[gk], first[gk] = [], (p.labels,)
+                where[gk].append(i)
                 for term in p.pod_anti_affinity:
-                    anti.setdefault((p.namespace, term_key(term)), (term, np.zeros(n, np.int64)))[1][i] += 1
+                    ak = ("anti", p.namespace, term_key(term), items)
+                    if ak not in where:
+                        where[ak], first[ak] = [], (term, p.labels)
+                    where[ak].append(i)
                 zero_cpu[i] += p.cpu_milli == 0
                 zero_mem[i] += p.memory_mib == 0
+        zero_cpu.flags.writeable = zero_mem.flags.writeable = False
+        groups, anti = {}, {}
+        for key, nodes_of in where.items():
+            counts = np.bincount(np.array(nodes_of, dtype=np.int64), minlength=n)
+            counts.flags.writeable = False
+            if key[0] == "anti":
+                anti[key[1:]] = first[key] + (counts,)
+            else:
+                groups[key] = first[key] + (counts,)
         group_pairs: dict[tuple[str, str], set] = {}
         for gk in groups:
             for pair in gk[1]:
                 group_pairs.setdefault(pair, set()).add(gk)
         anti_pairs: dict[tuple[str, str] | None, set] = {}
-        for ak, (term, _) in anti.items():
+        for ak, (term, _, _) in anti.items():
             anti_pairs.setdefault(_anti_pair(term), set()).add(ak)
         return PodIndex(bound, nodes, groups, {k: frozenset(v) for k, v in group_pairs.items()}, anti,
                         {k: frozenset(v) for k, v in anti_pairs.items()}, zero_cpu, zero_mem)
@@ -374,7 +389,8 @@ class PodIndex:
 
     def _change(self, i: int, pod: Pod, bound: tuple, nodes: tuple, delta: int) -> "PodIndex":
         n = len(bound)
-        gk = (pod.namespace, labels_key(pod.labels))
+        items = labels_key(pod.labels)
+        gk = (pod.namespace, items)
         labels, counts = self.groups.get(gk, (pod.labels, None))
         counts = _bumped(counts, n, i, delta)
         groups, group_pairs = _with(self.groups, gk, (labels, counts) if counts is not None else None), self.group_pairs
@@ -383,10 +399,11 @@ class PodIndex:
                 group_pairs = _bucket(group_pairs, pair, gk, counts is not None)
         anti, anti_pairs = self.anti, self.anti_pairs
         for term in pod.pod_anti_affinity:
-            ak = (pod.namespace, term_key(term))
+            ak = (pod.namespace, term_key(term), items)
             had = ak in anti
-            counts = _bumped(anti[ak][1] if had else None, n, i, delta)
-            anti = _with(anti, ak, (anti[ak][0] if had else term, counts) if counts is not None else None)
+            term_, labels, counts = anti[ak] if had else (term, pod.labels, None)
+            counts = _bumped(counts, n, i, delta)
+            anti = _with(anti, ak, (term_, labels, counts) if counts is not None else None)
             if had != (counts is not None):
                 anti_pairs = _bucket(anti_pairs, _anti_pair(term), ak, counts is not None)
         zero_cpu, zero_mem = self.zero_cpu, self.zero_mem
@@ -402,6 +419,7 @@ def _bumped(counts: np.ndarray | None, n: int, i: int, delta: int, keep_zero: bo
     """A copy of ``counts`` (zeros when None) with ``delta`` added at i; None when nothing is left."""
     out = np.zeros(n, np.int64) if counts is None else counts.copy()
     out[i] += delta
+    out.flags.writeable = False  # shared by later indexes
     return out if keep_zero or out.any() else None
 
 

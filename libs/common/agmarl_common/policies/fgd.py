@@ -289,3 +289,13 @@ FGD_PAPER_POLICIES: dict[str, Callable[[int], Policy]] = {
     "bestfit": BestFitPolicy,
     "fgd": FgdPolicy,
 }
+
+
+def _register() -> None:
+    from agmarl_common.policies.registry import register_policy  # noqa: PLC0415 - the registry imports us lazily
+
+    for name, factory in FGD_PAPER_POLICIES.items():
+        register_policy(name, factory, replace=True)
+
+
+_register()

@@ -507,8 +507,8 @@ def test_feasible_mask_on_larger_states_with_many_affinity_pods(seed):
 
 def _index_view(s: ClusterState) -> tuple:
     idx = pod_index(s)
-    return ({k: v[1].tolist() for k, v in idx.groups.items()}, dict(idx.group_pairs),
-            {k: v[1].tolist() for k, v in idx.anti.items()}, dict(idx.anti_pairs),
+    return ({k: v[-1].tolist() for k, v in idx.groups.items()}, dict(idx.group_pairs),
+            {k: v[-1].tolist() for k, v in idx.anti.items()}, dict(idx.anti_pairs),
             idx.zero_cpu.tolist(), idx.zero_mem.tolist())
 
 
@@ -564,3 +564,30 @@ def test_violations_lists_every_anti_affinity_violator_in_node_order():
                      "default/h on n2: anti-affinity (topology.kubernetes.io/zone=b) violated by default/w0 on n2"]
     # a pod matching its own anti-affinity term alone in its domain is legal
     assert violations(_zoned((2, pod("solo", labels=WEB, pod_anti_affinity=anti)))) == []
+
+
+def _anti_messages_by_scan(state: ClusterState) -> list[str]:
+    """Required anti-affinity violations by definition: every bound pod against every other."""
+    out = []
+    for i, pods in enumerate(state.bound):
+        for p in pods:
+            for t in p.pod_anti_affinity:
+                mine = label_value(state.nodes[i], t.topology_key)
+                for j, other in enumerate(state.nodes):
+                    if mine is not None and label_value(other, t.topology_key) == mine:
+                        out += [f"{p.key} on {state.nodes[i].name}: anti-affinity ({t.topology_key}={mine}) "
+                                f"violated by {q.key} on {other.name}"
+                                for q in state.bound[j] if q.key != p.key and term_matches_pod(t, p.namespace, q)]
+    return out
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_violations_finds_every_anti_affinity_violation_of_forced_binds(seed):
+    rng = np.random.default_rng(2000 + seed)
+    state = _random_big_state(rng, 12, 30)
+    for k in range(40):  # bound anywhere, no filter: anti-affinity (and more) gets violated
+        state = bind(state, _rich_pod(rng, f"x{k}"), int(rng.integers(state.n_nodes)))
+    expected = _anti_messages_by_scan(state)
+    assert expected  # the forced binds did break some anti-affinity
+    assert [v for v in violations(state) if ": anti-affinity (" in v] == expected
+    assert violations(state_from_dict(state_to_dict(state))) == violations(state)

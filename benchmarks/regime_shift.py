@@ -1,0 +1,239 @@
+"""Regime shift: the adaptive gate against every fixed expert on cumulative reward.
+
+Scenario (dynamic simulator, synthetic generators, flat arrival curve, one phase = ``--phase`` s):
+1. online-heavy: long-lived LS services (replicas with hostname anti-affinity and zone spread,
+   network-heavy, some IO-heavy) and a few batch jobs;
+2. batch-heavy: bursts of short BE batch jobs at a high rate;
+3. node loss: 20 % of the nodes fail at the start of the phase (scripted, through the simulator's
+   own failure path: their pods are evicted and requeued) and come back at its end;
+4. recovery: the nodes are back, a light mixed load.
+
+Every policy sees the same cluster, workload and seeds. The reward is ``agmarl_common.reward``
+over each ``--record`` s window (components from the state and the window's outcomes), totalled
+with each of the three schemes; the tables show the sum over the run (cumulative reward). The
+adaptive system is ``AdaptiveController`` (the adaptive-engine's logic): fed the fixed-scheme
+reward, the counters and the live regime features at every record point, its gate picks the
+expert; drift detectors (Page-Hinkley, ADWIN, PSI) with hysteresis trigger early gate runs.
+
+    nice .venv/bin/python benchmarks/regime_shift.py [--seeds 1,2,3] [--phase 900] [--nodes 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from agmarl_common.adaptive.controller import AdaptiveController, ControllerConfig
+from agmarl_common.adaptive.features import mix_counts, regime_features
+from agmarl_common.adaptive.gate import DEFAULT_EXPERTS, ExpertLibrary, GateConfig
+from agmarl_common.cluster.model import (ZONE_LABEL, LabelRequirement, LabelSelector, NodeSelectorTerm, Pod,
+                                         PodAffinityTerm, PreferredSchedulingTerm, WeightedPodAffinityTerm)
+from agmarl_common.policies.registry import get_policy
+from agmarl_common.reward import SCHEMES, RewardScheme, outcomes_from_stats, reward_components, scheme_total
+from agmarl_common.reward import IO_HEAVY_LABEL, LOCAL_SSD_LABEL, NETWORK_HEAVY_LABEL, cluster_load
+from agmarl_common.sim import dynamic, synthetic
+from agmarl_common.sim.loadcurve import flat_curve
+
+BATCH_TARGET = 0.45
+PHASES = ("online-heavy", "batch-heavy", "node-loss", "recovery")
+
+
+# --- scenario ----------------------------------------------------------------------------------
+
+def _shift(pods: list[Pod], phase: int, offset: float, tag: dict | None = None) -> list[Pod]:
+    out = []
+    for p in pods:
+        labels = dict(p.labels)
+        if tag:
+            labels.update(tag)
+        name = f"p{phase}-{p.name}"
+        out.append(replace(p, name=name, uid=name, creation_time=p.creation_time + offset, labels=labels))
+    return out
+
+
+def _declare(p: Pod, k: int) -> Pod:
+    """Online LS pods declare what they need: network-heavy services prefer their peers' zone
+    (instead of a hard zone spread), every third pod is IO-heavy and prefers local-SSD nodes."""
+    if p.qos != "LS":
+        return p
+    sel = LabelSelector(match_labels={"app": p.service})
+    labels = {**p.labels, NETWORK_HEAVY_LABEL: "true"}
+    extra: dict = {"topology_spread": (),
+                   "preferred_pod_affinity": (WeightedPodAffinityTerm(100, PodAffinityTerm(sel, ZONE_LABEL)),)}
+    if k % 3 == 0:
+        labels[IO_HEAVY_LABEL] = "true"
+        ssd = NodeSelectorTerm((LabelRequirement(LOCAL_SSD_LABEL, "In", ("true",)),))
+        extra["preferred_node_affinity"] = (PreferredSchedulingTerm(100, ssd),)
+    return replace(p, labels=labels, **extra)
+
+
+def _big(p: Pod, k: int) -> Pod:
+    """Every fourth batch task is a big one (8x the cpu and memory)."""
+    return replace(p, cpu_milli=p.cpu_milli * 8, memory_mib=p.memory_mib * 8) if k % 4 == 0 else p
+
+
+def scenario_workload(nodes, phase_s: float, seed: int) -> list[Pod]:
+    flat = flat_curve()
+    pods: list[Pod] = []
+    # 1. online-heavy: LS services (hostname anti-affinity, declared preferences) and a few batch jobs
+    online = synthetic.batch_online_mix(nodes, phase_s, seed=seed, curve=flat, online_fraction=0.85,
+                                        gpu_fraction=0.05)
+    pods += _shift([_declare(p, k) for k, p in enumerate(online)], 1, 0.0)
+    # 2. batch-heavy: bursty short BE jobs at a high rate, some big tasks
+    rate = synthetic.auto_rate(nodes, 1000, 300.0, target=BATCH_TARGET)
+    for phase in (2, 3):  # 3. node loss: the batch load goes on
+        batch = synthetic.burst(nodes, phase_s, rate=rate, seed=seed + phase, curve=flat, burst_every_s=300.0,
+                                burst_factor=4.0)
+        pods += _shift([_big(p, k) for k, p in enumerate(batch)], phase, (phase - 1) * phase_s)
+    # 4. recovery: a light diurnal mix
+    pods += _shift(synthetic.diurnal(nodes, phase_s, rate=synthetic.auto_rate(nodes, 1000, 300.0, target=0.3),
+                                     seed=seed + 4, curve=flat, mean_duration_s=300.0), 4, 3 * phase_s)
+    return sorted(pods, key=lambda p: (p.creation_time, p.name))
+
+
+def fail_nodes(state: dynamic.SimState, indexes: list[int], until: float,
+               config: dynamic.SimConfig) -> tuple[dynamic.SimState, list[dynamic.SimEvent]]:
+    """Scripted node failure through the simulator's own path (``_Step``): nodes not ready until
+    ``until`` (``advance`` recovers them then), their pods evicted and requeued."""
+    s = dynamic._Step(state, state.time, config)  # noqa: SLF001 - the simulator's failure path
+    for i in indexes:
+        if i in s.down:
+            continue
+        s.down[i] = until
+        s.set_ready(i, False, state.base_nodes[i])
+        s.c["node_failures"] += 1
+        s.events.append(dynamic.SimEvent("node_failed", "", state.base_nodes[i].name, s.t, "scripted"))
+        for pod in s.cluster.bound[i]:
+            s.remove_running(pod.key, "node_failed")
+    return replace(state, cluster=s.cluster, pending=s.pending, running=s.running, down=s.down,
+                   counters=dynamic.SimCounters(**s.c), ends=s.ends), s.events
+
+
+# --- runs ----------------------------------------------------------------------------------------
+
+@dataclass
+class RunLog:
+    name: str
+    totals: dict[str, list[float]] = field(default_factory=lambda: {s: [] for s in SCHEMES})
+    components: list[dict[str, float]] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    switches: list[tuple[float, str, str]] = field(default_factory=list)  # (time, policy, reason)
+    alarms: list[tuple[float, str]] = field(default_factory=list)
+    active: list[str] = field(default_factory=list)
+
+
+def run(name: str, nodes, workload, phase_s: float, seed: int, record_s: float, fail_share: float,
+        controller: AdaptiveController | None) -> RunLog:
+    config = dynamic.SimConfig(tick_s=1.0, horizon_s=4 * phase_s, pending_timeout_s=300.0, backoff_max_s=10.0)
+    schemes = {s: RewardScheme(s) for s in SCHEMES}
+    rng = np.random.default_rng(seed)
+    n_fail = int(round(fail_share * len(nodes)))
+    failing = sorted(rng.choice(len(nodes), size=n_fail, replace=False).tolist())
+    state = dynamic.reset(nodes, workload, config, seed)
+    retry: dict = {}
+    cache: dict[str, object] = {}
+    log = RunLog(name)
+    prev = dynamic.snapshot_stats(state)
+    arrivals: list[Pod] = []
+    every = int(round(record_s / config.tick_s))
+    failed_done = False
+    for k in range(1, int(math.ceil(config.horizon_s / config.tick_s)) + 1):
+        state, events = dynamic.advance(state, config.tick_s, config)
+        arrivals += [state.pending[e.pod_key].pod for e in events
+                     if e.type == "pod_added" and e.pod_key in state.pending]
+        if not failed_done and state.time >= 2 * phase_s:
+            state, _ = fail_nodes(state, failing, 3 * phase_s, config)
+            failed_done = True
+        policy_name = controller.active["policy"] if controller is not None else name
+        policy = cache.get(policy_name) or cache.setdefault(policy_name, get_policy(policy_name, seed))
+        state = dynamic.schedule_pending(policy, state, config, retry)
+        log.active.append(policy_name)
+        if k % every:
+            continue
+        stats = dynamic.snapshot_stats(state)
+        waits = [state.time - pp.enqueue_time for pp in state.pending.values()]
+        outcomes = outcomes_from_stats(prev, stats, float(np.mean(waits)) if waits else 0.0)
+        prev = stats
+        comps = reward_components(state.cluster, outcomes)
+        load = cluster_load(state.cluster)
+        for s, scheme in schemes.items():
+            log.totals[s].append(scheme_total(comps, scheme, load))
+        log.components.append(comps)
+        log.times.append(state.time)
+        if controller is not None:
+            now = state.time
+            alarms = controller.on_reward(log.totals["fixed"][-1], now)
+            controller.on_stats(stats)
+            f = regime_features(state.cluster, mix_counts(arrivals), len(arrivals) / record_s)
+            alarms += controller.on_features(f, now)
+            log.alarms += [(now, a.detector) for a in alarms]
+            for sw in controller.tick(now, float(rng.random()), float(rng.random())):
+                log.switches.append((now, sw.selection["policy"], sw.selection["reason"]))
+        arrivals = []
+    return log
+
+
+def adaptive_controller(experts: dict[str, str], baseline: str) -> AdaptiveController:
+    cfg = ControllerConfig(library=ExpertLibrary(experts=experts, baseline=baseline),
+                           gate=GateConfig(min_dwell_s=60.0), gate_period_s=10.0, drift_dwell_s=60.0)
+    active = {"policy": baseline, "model_version": "", "mode": "full", "reason": "initial", "time": 0.0,
+              "previous": ""}
+    return AdaptiveController(cfg, active, [], now=0.0)
+
+
+# --- report --------------------------------------------------------------------------------------
+
+def phase_sums(log: RunLog, scheme: str, phase_s: float) -> list[float]:
+    t = np.asarray(log.times)
+    v = np.asarray(log.totals[scheme])
+    return [float(v[(t > i * phase_s) & (t <= (i + 1) * phase_s)].sum()) for i in range(len(PHASES))]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seeds", default="1,2,3")
+    ap.add_argument("--phase", type=float, default=900.0, help="seconds per phase")
+    ap.add_argument("--nodes", type=int, default=40)
+    ap.add_argument("--record", type=float, default=10.0, help="reward window (s)")
+    ap.add_argument("--fail-share", type=float, default=0.2)
+    ap.add_argument("--scheme", default="fixed", choices=SCHEMES, help="scheme of the headline table")
+    args = ap.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    experts = dict(DEFAULT_EXPERTS)
+    baseline = experts["low_load"]
+    names = sorted(set(experts.values()))
+    t0 = time.perf_counter()
+    per: dict[str, list[RunLog]] = {n: [] for n in names + ["adaptive"]}
+    for seed in seeds:
+        nodes = synthetic.synthetic_cluster(args.nodes, seed=seed)
+        workload = scenario_workload(nodes, args.phase, seed)
+        for n in names:
+            per[n].append(run(n, nodes, workload, args.phase, seed, args.record, args.fail_share, None))
+        per["adaptive"].append(run("adaptive", nodes, workload, args.phase, seed, args.record, args.fail_share,
+                                   adaptive_controller(experts, baseline)))
+    print(f"# Regime shift: {args.nodes} nodes, phases of {args.phase:g} s {PHASES}, seeds {seeds}, "
+          f"{args.fail_share:.0%} of nodes down in phase 3 ({time.perf_counter() - t0:.0f} s)\n")
+    for log in per["adaptive"][:1]:
+        print(f"## Adaptive switches (seed {seeds[0]})\n")
+        for t, policy, reason in log.switches:
+            print(f"- t={t:6.0f} s  -> {policy}: {reason}")
+        print(f"- drift alarms: {', '.join(f'{d}@{t:.0f}s' for t, d in log.alarms) or 'none'}\n")
+    for scheme in [args.scheme] + [s for s in SCHEMES if s != args.scheme]:
+        print(f"## Cumulative reward, scheme {scheme} (sum over {args.record:g} s windows, mean over seeds)\n")
+        print("| policy | " + " | ".join(PHASES) + " | total | vs best fixed |")
+        print("|---|" + "---:|" * (len(PHASES) + 2))
+        rows = {n: np.mean([phase_sums(lg, scheme, args.phase) for lg in logs], axis=0) for n, logs in per.items()}
+        best = max((n for n in names), key=lambda n: rows[n].sum())
+        for n, r in rows.items():
+            print(f"| {n} | " + " | ".join(f"{x:.2f}" for x in r) + f" | {r.sum():.2f} | "
+                  f"{(r.sum() / rows[best].sum() - 1) * 100:+.2f} % |")
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,69 @@
+"""The selection history kept in KV ``agmarl_config/policy_history``: a JSON list of selections
+(PolicySelection fields), oldest first, the last one being the active selection.
+
+Rollback goes to the latest earlier entry that differs from the active one and was not an
+exploration (mode canary), and truncates the history there, so consecutive rollbacks walk back;
+with no such entry the target is the baseline.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping, Sequence
+
+KEY_POLICY_HISTORY = "policy_history"
+MAX_HISTORY = 50
+
+Entry = Mapping[str, Any]
+
+
+def decode_history(raw: bytes | None) -> list[dict[str, Any]]:
+    """KV bytes -> list of entries ([] when absent or unreadable)."""
+    if not raw:
+        return []
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return []
+    return [dict(e) for e in data if isinstance(e, dict) and isinstance(e.get("policy"), str)] \
+        if isinstance(data, list) else []
+
+
+def encode_history(history: Sequence[Entry]) -> bytes:
+    return json.dumps(list(history), sort_keys=True).encode("utf-8")
+
+
+def same_choice(a: Entry, b: Entry) -> bool:
+    return a.get("policy") == b.get("policy") and a.get("model_version", "") == b.get("model_version", "")
+
+
+def push(history: Sequence[Entry], entry: Entry, max_len: int = MAX_HISTORY) -> list[dict[str, Any]]:
+    return [dict(e) for e in history][-(max_len - 1):] + [dict(entry)]
+
+
+def rollback_index(history: Sequence[Entry]) -> int | None:
+    """Index of the entry a rollback returns to, or None."""
+    if not history:
+        return None
+    current = history[-1]
+    for i in range(len(history) - 2, -1, -1):
+        e = history[i]
+        if e.get("mode") != "canary" and not same_choice(e, current):
+            return i
+    return None
+
+
+def rollback(history: Sequence[Entry], baseline: str, reason: str, now: float,
+             default_mode: str = "full") -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(the selection to activate, the new history) for a rollback from the active entry."""
+    current = dict(history[-1]) if history else {}
+    i = rollback_index(history)
+    if i is None:
+        target: dict[str, Any] = {"policy": baseline, "model_version": "", "mode": default_mode}
+        kept: list[dict[str, Any]] = []
+    else:
+        target, kept = dict(history[i]), [dict(e) for e in history[:i]]
+    sel = {"policy": target["policy"], "model_version": target.get("model_version", ""),
+           "mode": target.get("mode", default_mode) or default_mode, "reason": reason, "time": now,
+           "previous": current.get("policy", "")}
+    return sel, kept + [sel]

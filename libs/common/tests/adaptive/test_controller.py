@@ -1,0 +1,114 @@
+"""The adaptive controller: gate switches, guard rollbacks, holds, exploration and drift alarms."""
+
+import numpy as np
+
+from agmarl_common.adaptive.controller import AdaptiveController, ControllerConfig
+from agmarl_common.adaptive.drift import PageHinkley
+from agmarl_common.adaptive.explore import ExploreConfig
+from agmarl_common.adaptive.features import RegimeFeatures
+from agmarl_common.adaptive.gate import GateConfig
+from agmarl_common.adaptive.guard import GuardConfig
+
+BASE = {"policy": "kube-resources", "model_version": "", "mode": "full", "reason": "initial", "time": 0.0,
+        "previous": ""}
+FAST_GATE = GateConfig(min_dwell_s=0.0)
+
+
+def controller(**kw) -> AdaptiveController:
+    cfg = ControllerConfig(gate=FAST_GATE, gate_period_s=10.0, hold_s=100.0, quarantine_s=1000.0,
+                           guard=GuardConfig(window=10, min_samples=5), **kw)
+    return AdaptiveController(cfg, BASE, [], now=0.0)
+
+
+def test_gate_switches_expert_with_the_regime_and_says_why():
+    c = controller()
+    assert c.tick(0.0, features=RegimeFeatures(load=0.3)) == []  # low load: already kube-resources
+    assert c.tick(5.0, features=RegimeFeatures(load=0.9)) == []   # not due before the gate period
+    [sw] = c.tick(10.0, features=RegimeFeatures(load=0.9))
+    assert (sw.kind, sw.selection["policy"], sw.selection["previous"]) == ("gate", "most-allocated", "kube-resources")
+    assert sw.selection["reason"].startswith("gate: regime batch") and sw.evidence["regime"] == "batch"
+    [sw] = c.tick(20.0, features=RegimeFeatures(load=0.5, affinity_share=0.6))
+    assert sw.selection["policy"] == "kube-default"
+    assert [e["policy"] for e in c.history] == ["kube-resources", "most-allocated", "kube-default"]
+
+
+def test_guard_rolls_back_a_collapsing_selection_and_quarantines_it():
+    c = controller()
+    c.tick(0.0, features=RegimeFeatures(load=0.9))
+    assert c.active["policy"] == "most-allocated"
+    for k in range(5):
+        c.on_reward(0.05, 1.0 + k)
+    [sw] = c.tick(6.0)
+    assert sw.kind == "rollback" and sw.selection["policy"] == "kube-resources"
+    assert sw.selection["reason"].startswith("rollback: reward mean")
+    assert sw.evidence["rolled_back"] == "most-allocated"
+    # the gate still sees a busy cluster, but the failed expert is quarantined and the rollback held
+    assert c.tick(200.0, features=RegimeFeatures(load=0.9)) == []
+    assert c.active["policy"] == "kube-resources"
+
+
+def test_guard_on_scheduling_success_rate():
+    c = controller()
+    c.tick(0.0, features=RegimeFeatures(load=0.9))
+    c.on_stats({"bound": 0, "bind_rejected": 0})
+    c.on_stats({"bound": 10, "bind_rejected": 15})
+    [sw] = c.tick(1.0)
+    assert sw.kind == "rollback" and "scheduling success" in sw.selection["reason"]
+
+
+def test_no_rollback_loop_when_there_is_nothing_to_go_back_to():
+    c = controller()
+    for k in range(5):
+        c.on_reward(0.05, float(k))
+    assert c.tick(6.0) == []
+    assert c.rewards == []  # judged afresh
+
+
+def test_external_selection_is_judged_on_its_own_rewards_and_held_from_the_gate():
+    c = controller()
+    for k in range(10):
+        c.on_reward(0.8, float(k))
+    manual = dict(BASE, policy="rtcr", reason="manual: try it", previous="kube-resources")
+    c.adopt(manual, [], now=10.0)
+    assert c.rewards == [] and abs(c.reference - 0.8) < 1e-9
+    assert c.tick(20.0, features=RegimeFeatures(load=0.9)) == []  # held
+    for k in range(5):
+        c.on_reward(0.5, 21.0 + k)  # 0.5 < 0.8 * 0.75: dropped too far
+    [sw] = c.tick(30.0)
+    assert sw.kind == "rollback" and sw.selection["policy"] == "kube-resources" and "dropped" in sw.selection["reason"]
+
+
+def test_exploration_only_in_canary_scope_and_for_one_period():
+    off = controller()
+    assert off.tick(0.0, u=0.0, features=RegimeFeatures(load=0.3)) == []
+    c = controller(explore=ExploreConfig(rate=0.05, canary_namespaces=("team-a",)))
+    [sw] = c.tick(0.0, u=0.01, pick=0.0, features=RegimeFeatures(load=0.3))
+    assert sw.kind == "explore" and sw.selection["mode"] == "canary" and "team-a" in sw.selection["reason"]
+    assert sw.selection["policy"] != "kube-resources"
+    [end] = c.tick(10.0, u=0.99, features=RegimeFeatures(load=0.3))
+    assert end.kind == "explore_end" and end.selection["policy"] == "kube-resources" and end.selection["mode"] == "full"
+    assert c.tick(20.0, u=0.99, features=RegimeFeatures(load=0.3)) == []  # u above the rate: no exploration
+
+
+def test_reward_drift_alarm_once_with_hysteresis():
+    c = controller(ph=PageHinkley(threshold=1.0, min_samples=20), drift_dwell_s=1000.0)
+    rng = np.random.default_rng(0)
+    stream = np.concatenate([0.8 + 0.01 * rng.standard_normal(200), 0.4 + 0.01 * rng.standard_normal(300)])
+    alarms = []
+    for k, x in enumerate(stream):
+        alarms += c.on_reward(float(x), float(k))
+    assert len(alarms) == 1 and alarms[0].detector in ("page_hinkley", "adwin")
+    assert 200 <= alarms[0].time < 260 and alarms[0].statistic > 0
+
+
+def test_mix_shift_raises_a_psi_alarm():
+    c = controller(drift_dwell_s=0.0)
+    ls = (0, 0, 0, 0, 0, 1, 0, 0)  # cpu-ls-plain
+    be = (0, 0, 0, 0, 0, 0, 0, 1)
+    alarms = []
+    for k in range(100):
+        alarms += c.on_features(RegimeFeatures(mix=ls), float(k))
+    assert alarms == []
+    for k in range(100, 110):
+        alarms += c.on_features(RegimeFeatures(mix=be), float(k))
+    assert [a.detector for a in alarms] == ["psi"] and alarms[0].statistic >= 0.25

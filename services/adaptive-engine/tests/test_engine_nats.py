@@ -1,0 +1,107 @@
+"""The adaptive-engine process on a real nats-server: a collapsing reward triggers a rollback event
+within 5 s and the KV selection follows; `agmarl policy set / rollback / show` round trip."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+
+from agmarl_common import messages as m
+from agmarl_common import subjects
+from agmarl_common.adaptive import history as hist
+from agmarl_common.bus import Bus
+from agmarl_common.testing import wait_healthy
+
+CLUSTER = "adaptive-it"
+
+
+def cli(nats_url: str, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, NATS_URL=nats_url)
+    return subprocess.run([sys.executable, "-m", "agmarl_cli.main", "policy", *args], env=env,
+                          capture_output=True, text=True, timeout=30)
+
+
+async def kv_selection(bus: Bus) -> m.PolicySelection:
+    return m.decode(m.PolicySelection, await bus.kv_get(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY))
+
+
+async def wait_until(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await predicate():
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+async def test_reward_collapse_rolls_back_and_cli_round_trip(nats_url, service_processes):
+    bus = await Bus.connect(nats_url, name="test-adaptive")
+    try:
+        start = m.PolicySelection(policy="kube-resources", reason="test start", time=time.time())
+        await bus.kv_put(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY, m.encode(start))
+        await bus.kv_put(subjects.CONFIG_BUCKET, hist.KEY_POLICY_HISTORY,
+                         hist.encode_history([start.model_dump(exclude={"v"})]))
+        events: list[m.PolicySelection] = []
+
+        async def on_event(msg):
+            events.append(m.decode(m.PolicySelection, msg.data))
+
+        await bus.subscribe(subjects.policy_selection(), on_event)
+        await bus.flush()
+        proc = service_processes("agmarl_adaptive_engine", env={
+            "NATS_URL": nats_url, "AGMARL_CLUSTER": CLUSTER, "AGMARL_TICK_SECONDS": "0.1"})
+        await wait_healthy(bus, "adaptive-engine", timeout=30, proc=proc)
+
+        out = cli(nats_url, "set", "most-allocated", "--reason", "try packing")
+        assert out.returncode == 0, out.stderr
+        assert (await kv_selection(bus)).policy == "most-allocated"
+
+        async def adopted():
+            h = await bus.request(subjects.health("adaptive-engine"), b"", m.HealthStatus, timeout=1.0)
+            return h.details.get("policy") == "most-allocated"
+        assert await wait_until(adopted, 5.0)
+
+        t0 = time.monotonic()
+        for k in range(12):
+            await bus.publish(subjects.reward(CLUSTER), m.Reward(
+                decision_id=f"r{k}", cluster=CLUSTER, components={"sla": 0.0}, total=0.05, scheme="fixed", time=k))
+        await bus.flush()
+
+        async def rolled_back():
+            return any(e.reason.startswith("rollback") for e in events)
+        assert await wait_until(rolled_back, 5.0), proc.output()[-3000:]
+        assert time.monotonic() - t0 < 5.0
+        event = next(e for e in events if e.reason.startswith("rollback"))
+        assert event.policy == "kube-resources" and event.previous == "most-allocated"
+        assert "reward mean" in event.reason
+        sel = await kv_selection(bus)
+        assert (sel.policy, sel.reason) == ("kube-resources", event.reason)
+        history = hist.decode_history(await bus.kv_get(subjects.CONFIG_BUCKET, hist.KEY_POLICY_HISTORY))
+        assert history[-1]["policy"] == "kube-resources" and history[-1]["reason"].startswith("rollback")
+
+        # CLI round trip: set, set, rollback -> the first; show lists the history
+        assert cli(nats_url, "set", "rtcr").returncode == 0
+        assert cli(nats_url, "set", "trimaran-tlp", "--mode", "hybrid").returncode == 0
+        out = cli(nats_url, "rollback")
+        assert out.returncode == 0, out.stderr
+        assert "policy=rtcr" in out.stdout and "trimaran-tlp" in out.stdout
+        sel = await kv_selection(bus)
+        assert sel.policy == "rtcr" and sel.reason.startswith("rollback: manual")
+        assert await wait_until(lambda: _has_event(events, "rtcr", "rollback"), 2.0)
+        shown = cli(nats_url, "show")
+        assert shown.returncode == 0 and shown.stdout.startswith("policy=rtcr")
+        assert "history" in shown.stdout and "kube-resources" in shown.stdout
+
+        bad = cli(nats_url, "set", "no-such-policy")
+        assert bad.returncode == 2
+        assert len(bad.stderr.strip().splitlines()) == 1 and "unknown policy 'no-such-policy'" in bad.stderr
+        assert (await kv_selection(bus)).policy == "rtcr"
+    finally:
+        await bus.close()
+
+
+async def _has_event(events: list[m.PolicySelection], policy: str, reason: str) -> bool:
+    return any(e.policy == policy and e.reason.startswith(reason) for e in events)

@@ -1,0 +1,188 @@
+"""``agmarl train``: train (imitation + PPO), export to ONNX, check parity, evaluate, write the model folder.
+
+    agmarl train [--config configs/train/default.yaml] [--out models/<name>] [--evaluate quick|full]
+                 [--eval-seeds 42-51] [--eval-workloads default,cpu100] [--distributed]
+
+Writes runs/<name>/ (metrics.csv, checkpoints, history.json) and the model folder: encoder.onnx,
+actor.onnx, model.pt, manifest.json (version, sha256 of each file, training config, evaluation,
+parity) and report.md. Exit status 0 on success, 1 when the parity check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from agmarl_common import features
+from agmarl_trainer.config import config_to_dict, load_config
+
+PARITY_TOL = 1e-4
+DEFAULT_CONFIG = "configs/train/default.yaml"
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'42-51' or '1,2,5' -> seeds; '' -> []."""
+    out: list[int] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            out.extend(range(int(lo), int(hi) + 1))
+        else:
+            out.append(int(part))
+    return out
+
+
+def parity_check(net, model_dir: Path, seed: int = 0) -> dict[str, float]:
+    """Max |ONNX - torch| of node_emb and logits on real openb graphs of 60 and 1,523 nodes."""
+    import torch
+
+    from agmarl_common.cluster.filters import feasible_nodes
+    from agmarl_common.cluster.model import ClusterState, bind
+    from agmarl_trainer.export import onnx_scores, onnx_sessions
+    from agmarl_trainer.imitation import openb_nodes, openb_pods
+    from agmarl_trainer.rollout import sub_cluster
+
+    sessions = onnx_sessions(model_dir)
+    pods = openb_pods("default")
+    ctx = features.FeatureContext.from_workload(pods)
+    rng = np.random.default_rng(seed)
+    worst = {"node_emb": 0.0, "logits": 0.0}
+    for n in (60, len(openb_nodes())):
+        state = ClusterState.empty(sub_cluster(openb_nodes(), n, rng))
+        for pod in pods[: n // 2]:
+            cand = feasible_nodes(pod, state)
+            if cand.size:
+                i = int(rng.choice(cand))
+                state = bind(state, pod, i, features.device_for(pod, state, i, ctx))
+        batch = [p for p in pods[n // 2: n // 2 + 40] if feasible_nodes(p, state).size][:4]
+        g = features.build_graph(batch, state, [feasible_nodes(p, state) for p in batch], ctx)
+        emb_o, logits_o, _ = onnx_scores(sessions, g)
+        t = {k: torch.from_numpy(getattr(g, k)) for k in ("node_x", "nn_edge_index", "pod_x", "cand_pod",
+                                                           "cand_node", "cand_attr")}
+        with torch.no_grad():
+            emb = net.encoder(t["node_x"], t["nn_edge_index"])
+            logits = net.actor(emb, t["node_x"], t["pod_x"], t["cand_pod"], t["cand_node"], t["cand_attr"])
+        worst["node_emb"] = max(worst["node_emb"], float(np.abs(emb_o - emb.numpy()).max()))
+        worst["logits"] = max(worst["logits"], float(np.abs(logits_o - logits.numpy()).max()))
+    return worst
+
+
+def contract() -> dict:
+    from agmarl_trainer.export import ACTOR_INPUTS, ACTOR_OUTPUTS, ENCODER_INPUTS, ENCODER_OUTPUTS, OPSET
+
+    return {"F_NODE": features.F_NODE, "F_POD": features.F_POD, "F_EDGE": features.F_EDGE,
+            "node_features": list(features.NODE_FEATURES), "pod_features": list(features.POD_FEATURES),
+            "edge_features": list(features.EDGE_FEATURES), "opset": OPSET,
+            "encoder": {"inputs": list(ENCODER_INPUTS), "outputs": list(ENCODER_OUTPUTS)},
+            "actor": {"inputs": list(ACTOR_INPUTS), "outputs": list(ACTOR_OUTPUTS)},
+            "intra_op_num_threads": 1, "device_choice": "features.device_for (least-fragmenting device for a share)"}
+
+
+def write_report(path: Path, manifest: dict, history: dict) -> None:
+    ev = manifest.get("evaluation", {})
+    lines = [f"# Training report: {manifest['version']}", "",
+             f"Trained in {manifest['training']['seconds']:.0f} s with `{manifest['training']['config_path']}`.", "",
+             "## Training", "", "```json", json.dumps(history, indent=2, default=str), "```", ""]
+    full = ev.get("openb_full_cluster")
+    if full:
+        lines += ["## openb inflation, full 1,523-node cluster", "",
+                  "GPU allocation (% of capacity) when 100 % of the GPU capacity has arrived, mean over seeds "
+                  f"{full['seeds']}.", "", "| workload | trained on | model | FGD | BestFit | model - FGD |",
+                  "|---|---|---|---|---|---|"]
+        for w, per in full["results"].items():
+            seen = "yes" if w in manifest["training"]["config"]["train_workloads"] else "held out"
+            cell = lambda p: f"{per[p]['mean']:.2f}" if p in per else "-"  # noqa: E731
+            lines.append(f"| {w} | {seen} | {cell('model')} | {cell('fgd')} | {cell('bestfit')} | "
+                         f"{per.get('gap_to_fgd', float('nan')):+.2f} |")
+        lines.append("")
+    lines += ["## Quick evaluation (held-out 200-node sub-clusters)", "", "```json",
+              json.dumps(ev.get("quick", {}), indent=2), "```", "",
+              "## Export parity (ONNX Runtime vs PyTorch, real openb graphs)", "", "```json",
+              json.dumps(manifest.get("parity", {}), indent=2), "```", ""]
+    path.write_text("\n".join(lines))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="agmarl train", description="Train, export and evaluate the learned policy.")
+    p.add_argument("--config", default=DEFAULT_CONFIG)
+    p.add_argument("--out", default="", help="model folder (default models/<config name>)")
+    p.add_argument("--runs-dir", default="runs", help="metrics and checkpoints go to <runs-dir>/<name>")
+    p.add_argument("--evaluate", choices=("quick", "full"), default="quick",
+                   help="full: openb inflation on the full cluster vs FGD and BestFit (slow)")
+    p.add_argument("--eval-seeds", default="42-51")
+    p.add_argument("--eval-workloads", default="default")
+    p.add_argument("--eval-extra-workloads", default="", help="more workloads (e.g. held-out ones) ...")
+    p.add_argument("--eval-extra-seeds", default="42-44", help="... evaluated on these seeds")
+    p.add_argument("--eval-workers", type=int, default=2)
+    p.add_argument("--distributed", action="store_true", help="join a torchrun process group (gloo)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    cfg = load_config(args.config)
+    out = Path(args.out or f"models/{cfg.name}")
+    run_dir = Path(args.runs_dir) / cfg.name
+    from agmarl_trainer import distributed
+    from agmarl_trainer.export import export_onnx, sha256_file, write_manifest
+    from agmarl_trainer.train import train
+
+    rank, wrap = 0, None
+    if args.distributed:
+        rank, _ = distributed.init_from_env()
+        wrap = distributed.ddp_wrap
+    try:
+        result = train(cfg, run_dir, wrap=wrap, rank=rank)
+    finally:
+        distributed.shutdown()
+    if rank != 0:
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    export_onnx(result.net, out)
+    shutil.copyfile(run_dir / "model.pt", out / "model.pt")
+    parity = parity_check(result.net, out)
+    print(f"parity: {parity}", file=sys.stderr)
+    digest = hashlib.sha256((sha256_file(out / "encoder.onnx") + sha256_file(out / "actor.onnx")).encode())
+    evaluation: dict = {"quick": result.eval}
+    manifest = {"version": f"{cfg.name}-{digest.hexdigest()[:12]}",
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "training": {"config_path": str(args.config), "config": config_to_dict(cfg),
+                             "seconds": round(result.seconds, 1), "history": result.history},
+                "evaluation": evaluation, "parity": {"tolerance": PARITY_TOL, "max_abs_diff": parity},
+                "contract": contract()}
+    write_manifest(out, manifest)  # complete but for the full evaluation, which reads it
+    if args.evaluate == "full":
+        from agmarl_trainer.evaluate import evaluate_dynamic, evaluate_openb
+
+        seeds = parse_seeds(args.eval_seeds)
+        workloads = [w for w in args.eval_workloads.split(",") if w]
+        t0 = time.monotonic()
+        evaluation["openb_full_cluster"] = {
+            "metric": "GPU allocation % of capacity at 100 % arrived (inflation, tune 1.3)",
+            "seeds": seeds, "results": evaluate_openb(out, workloads, seeds, workers=args.eval_workers),
+            "seconds": round(time.monotonic() - t0, 1)}
+        evaluation["dynamic_synthetic"] = {
+            "harness": "sim.dynamic.run, 40-node synthetic cluster, 1800 s, seeds 0-1", "results":
+            evaluate_dynamic(out, ("diurnal", "batch_online_mix"), (0, 1), workers=args.eval_workers)}
+        extra = [w for w in args.eval_extra_workloads.split(",") if w]
+        if extra:
+            extra_seeds = parse_seeds(args.eval_extra_seeds)
+            evaluation["openb_full_cluster_other_workloads"] = {
+                "seeds": extra_seeds, "trained_on": list(cfg.train_workloads),
+                "results": evaluate_openb(out, extra, extra_seeds, workers=args.eval_workers)}
+    write_report(out / "report.md", manifest, result.history)
+    write_manifest(out, manifest)
+    print(json.dumps({"model_dir": str(out), "version": manifest["version"], "evaluation": evaluation}, default=str))
+    return 0 if max(parity.values()) <= PARITY_TOL else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
