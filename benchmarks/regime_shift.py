@@ -201,9 +201,12 @@ def main() -> int:
     ap.add_argument("--record", type=float, default=10.0, help="reward window (s)")
     ap.add_argument("--fail-share", type=float, default=0.2)
     ap.add_argument("--scheme", default="fixed", choices=SCHEMES, help="scheme of the headline table")
+    ap.add_argument("--experts", default="", help="regime=policy,... over the default library "
+                    f"{DEFAULT_EXPERTS}")
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     experts = dict(DEFAULT_EXPERTS)
+    experts.update(dict(kv.split("=", 1) for kv in args.experts.split(",") if kv))
     baseline = experts["low_load"]
     names = sorted(set(experts.values()))
     t0 = time.perf_counter()
@@ -215,6 +218,7 @@ def main() -> int:
             per[n].append(run(n, nodes, workload, args.phase, seed, args.record, args.fail_share, None))
         per["adaptive"].append(run("adaptive", nodes, workload, args.phase, seed, args.record, args.fail_share,
                                    adaptive_controller(experts, baseline)))
+    print(f"Experts: {experts}\n")
     print(f"# Regime shift: {args.nodes} nodes, phases of {args.phase:g} s {PHASES}, seeds {seeds}, "
           f"{args.fail_share:.0%} of nodes down in phase 3 ({time.perf_counter() - t0:.0f} s)\n")
     for log in per["adaptive"][:1]:
