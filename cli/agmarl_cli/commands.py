@@ -72,18 +72,6 @@ async def retrain(reason: str, timeout: float) -> int:
         await bus.close()
 
 
-async def policy_show() -> int:
-    bus = await Bus.connect(find_nats_url(), name="agmarl-policy")
-    try:
-        raw = await bus.kv_get(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY)
-        if not raw:
-            print("no active policy selected yet")
-            return 1
-        sel = m.decode(m.PolicySelection, raw)
-        print(f"policy={sel.policy} version={sel.model_version or '-'} mode={sel.mode} reason={sel.reason}")
-        return 0
-    finally:
-        await bus.close()
 
 
 def trace(query: str, trace_dir: str | None) -> int:

@@ -12,7 +12,9 @@ from prometheus_client import Counter, Gauge, Histogram
 from agmarl_common import messages as m
 from agmarl_common import subjects
 from agmarl_common.cluster.model import pod_from_dict
+from agmarl_common.cluster.selectors import matches_label_selector
 from agmarl_common.graph import state_from_features
+from agmarl_common.kubeconvert import parse_label_selector
 from agmarl_common.policies.registry import get_policy
 from agmarl_common.service import HandlerContext, ServiceRuntime
 from agmarl_common.settings import load_settings
@@ -35,6 +37,9 @@ class InferenceApp:
         self.model_version = ""
         self.mode = settings.rollout_mode
         self.replica = uuid.uuid4().hex[:12]  # this replica's name in Decision.origin
+        self.canary: tuple[object, str] | None = None  # (policy, version) tried only on opted-in pods
+        self.canary_selector = parse_label_selector(settings.canary_label_selector) \
+            if settings.canary_label_selector else None
         self.in_flight = InFlight()
         reg = rt.registry
         self.decisions = Counter("agmarl_decisions_total", "Scheduling decisions",
@@ -57,7 +62,14 @@ class InferenceApp:
         except (KeyError, ValueError) as exc:
             self.rt.log.warning("policy selection %r rejected: %s; keeping %s", sel.policy, exc, self.policy.name)
             return
-        # the rollout mode is owned by the KV key ``rollout`` (set_mode), not by policy selections
+        # the rollout mode is owned by the KV key ``rollout`` (set_mode), not by policy selections;
+        # a selection in mode "canary" (safe exploration) only applies to opted-in pods
+        if sel.mode == "canary":
+            self.canary = (policy, sel.model_version)
+            self.rt.log.info("canary policy %s (version %s) for opted-in pods only: %s", policy.name,
+                             sel.model_version or "-", sel.reason)
+            return
+        self.canary = None
         self.policy, self.model_version = policy, sel.model_version
         self.rt.log.info("active policy now %s (version %s, mode %s): %s", policy.name, sel.model_version or "-",
                          self.mode, sel.reason)
@@ -68,6 +80,17 @@ class InferenceApp:
         self.rt.log.info("rollout mode now %s (was %s): %s", mode, self.mode, reason)
         self.mode = mode
         self._set_active_gauge()
+
+    def opted_in(self, pod) -> bool:
+        """Canary scope: the pod's namespace is listed, or its labels match the canary selector."""
+        if pod.namespace in self.settings.canary_namespaces:
+            return True
+        return self.canary_selector is not None and matches_label_selector(self.canary_selector, pod.labels)
+
+    def policy_for(self, pod) -> tuple[object, str]:
+        if self.canary is not None and self.opted_in(pod):
+            return self.canary
+        return self.policy, self.model_version
 
     async def on_policy(self, msg: m.PolicySelection, ctx: HandlerContext) -> None:
         self.select(msg)
@@ -81,7 +104,8 @@ class InferenceApp:
         now = time.time()
         # this replica's decisions the graph does not show yet take their resources first
         state = self.in_flight.apply(state_from_features(msg.features), msg.decisions_seen.get(self.replica, 0), now)
-        choice = decide(pod, state, self.policy, self.default, self.mode, self.settings.hybrid_model_weight,
+        policy, version = self.policy_for(pod)
+        choice = decide(pod, state, policy, self.default, self.mode, self.settings.hybrid_model_weight,
                         msg.filtered_out)
         decided_at = time.time()
         seq = self.in_flight.record(pod, choice.node, choice.gpus, decided_at)
@@ -89,17 +113,17 @@ class InferenceApp:
         span = ctx.span
         span.set_attribute("agmarl.pod", pod.key)
         span.set_attribute("agmarl.node", choice.node)
-        span.set_attribute("agmarl.policy", self.policy.name)
+        span.set_attribute("agmarl.policy", policy.name)
         trace_id = format(span.get_span_context().trace_id, "032x") if span.get_span_context().is_valid else ""
         decision = m.Decision(
             decision_id=uuid.uuid4().hex, cluster=msg.cluster, namespace=pod.namespace, pod_key=pod.key,
-            node=choice.node, gpus=list(choice.gpus), policy=self.policy.name, model_version=self.model_version,
+            node=choice.node, gpus=list(choice.gpus), policy=policy.name, model_version=version,
             mode=self.mode, score=choice.score, scores=choice.scores, model_scores=choice.model_scores,
             default_scores=choice.default_scores, explanation=choice.explanation, trace_id=trace_id,
             seen_at=msg.seen_at, decided_at=decided_at, source="loop", origin=self.replica, origin_seq=seq)
         await ctx.publish(subjects.decision(msg.cluster, pod.namespace), decision, js=True,
                           msg_id=decision.decision_id)
-        self.decisions.labels(policy=self.policy.name, mode=self.mode, source="loop", result=result).inc()
+        self.decisions.labels(policy=policy.name, mode=self.mode, source="loop", result=result).inc()
         self.attempts.labels(result=result, profile="agmarl").inc()
         self.latency.observe(max(0.0, decided_at - msg.seen_at))
 

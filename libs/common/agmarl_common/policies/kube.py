@@ -19,13 +19,11 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from itertools import chain
-from operator import attrgetter
 from typing import Callable
 
 import numpy as np
 
-from agmarl_common.cluster.model import GPU_MILLI, HOSTNAME_LABEL, ClusterState, Pod
+from agmarl_common.cluster.model import GPU_MILLI, HOSTNAME_LABEL, ClusterState, Pod, pod_index
 from agmarl_common.cluster.selectors import (
     count_untolerated_prefer,
     label_value,
@@ -85,16 +83,13 @@ def _go_div(a: np.ndarray, b: np.ndarray | int) -> np.ndarray:
 
 
 def zero_request_counts(state: ClusterState, candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Bound pods with no cpu / no memory request per candidate (they count as defaults)."""
-    bounds = [state.bound[i] for i in candidates]
-    lens = np.fromiter(map(len, bounds), dtype=np.int64, count=len(bounds))
-    pods = list(chain.from_iterable(bounds))
-    owner = np.repeat(np.arange(len(bounds)), lens)
-    cpu = np.fromiter(map(attrgetter("cpu_milli"), pods), dtype=np.int64, count=len(pods))
-    mem = np.fromiter(map(attrgetter("memory_mib"), pods), dtype=np.int64, count=len(pods))
-    n = len(bounds)
-    return (np.bincount(owner, weights=cpu == 0, minlength=n).astype(np.int64),
-            np.bincount(owner, weights=mem == 0, minlength=n).astype(np.int64))
+    """Bound pods with no cpu / no memory request per candidate (they count as defaults).
+
+    Read from the state's pod index (kept current by bind/unbind), not by scanning every pod.
+    """
+    idx = pod_index(state)
+    c = np.asarray(candidates, dtype=np.int64)
+    return idx.zero_cpu[c].astype(np.int64), idx.zero_mem[c].astype(np.int64)
 
 
 def resource_request_and_allocatable(pod: Pod, state: ClusterState, candidates: np.ndarray, name: str,

@@ -1,0 +1,22 @@
+"""A policy selected in mode "canary" (safe exploration) applies to opted-in pods only."""
+
+import time
+
+from agmarl_common import messages as m
+from agmarl_common.cluster.model import Pod
+from agmarl_common.service import ServiceRuntime
+from agmarl_inference.app import InferenceApp
+from agmarl_inference.settings import InferenceSettings
+
+
+def test_canary_selection_is_scoped_to_opted_in_namespaces_and_labels():
+    settings = InferenceSettings(canary_namespaces=["team-a"], canary_label_selector="canary=yes")
+    app = InferenceApp(ServiceRuntime("inference", settings), settings)
+    app.select(m.PolicySelection(policy="most-allocated", mode="canary", reason="explore", time=time.time()))
+    assert app.policy_for(Pod("p", 1, 1, namespace="team-a"))[0].name == "most-allocated"
+    assert app.policy_for(Pod("p", 1, 1, namespace="team-b", labels={"canary": "yes"}))[0].name == "most-allocated"
+    assert app.policy_for(Pod("p", 1, 1, namespace="team-b"))[0].name == "kube-resources"
+    # a normal selection ends the canary and applies everywhere
+    app.select(m.PolicySelection(policy="kube-default", mode="full", reason="promote", time=time.time()))
+    assert app.policy_for(Pod("p", 1, 1, namespace="team-a"))[0].name == "kube-default"
+    assert app.policy_for(Pod("p", 1, 1, namespace="team-b"))[0].name == "kube-default"
