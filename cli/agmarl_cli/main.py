@@ -61,6 +61,19 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--json", default=None, metavar="OUT.json")
     ev.add_argument("--plot", default=None, metavar="OUT.png")
     ev.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+
+    bench = sub.add_parser("bench", help="benchmarks")
+    bsub = bench.add_subparsers(dest="bcmd", required=True)
+    lat = bsub.add_parser("latency", help="p50/p99 of the learned policy scoring pending pods (ONNX Runtime, 1 core)")
+    lat.add_argument("--nodes", type=int, default=1523, help="cluster size: openb's 1,523 nodes, fewer, or replicated")
+    lat.add_argument("--batch", type=int, default=1, help="pods scored together (1 = one pending pod)")
+    lat.add_argument("--model", default="default", help="default | model folder | version on disk")
+    lat.add_argument("--steps", type=int, default=300, help="measured decisions")
+    lat.add_argument("--warmup", type=int, default=50, help="decisions before measuring")
+    lat.add_argument("--fill", type=int, default=-1, help="openb pods bound first (default: 2 per node)")
+    lat.add_argument("--seed", type=int, default=0)
+    lat.add_argument("--no-pin", action="store_true", help="do not pin the process to one CPU")
+    lat.add_argument("--json", default=None, metavar="OUT.json")
     return p
 
 
@@ -82,6 +95,11 @@ def main(argv: list[str] | None = None) -> int:
         spec = EvalSpec(protocol=args.protocol, workload=args.workload, nodes=args.nodes, ratio=args.ratio,
                         horizon_s=args.horizon, record_every_s=args.record_every)
         return eval_command(spec, args.policies, args.seeds, args.json, args.plot, args.workers)
+    if args.cmd == "bench":
+        from agmarl_cli.bench import BenchSpec, latency_command  # noqa: PLC0415
+        spec = BenchSpec(nodes=args.nodes, batch=args.batch, model=args.model, steps=args.steps, warmup=args.warmup,
+                         fill=args.fill, seed=args.seed, pin=not args.no_pin)
+        return latency_command(spec, args.json)
     from agmarl_cli import commands  # noqa: PLC0415
     if args.cmd == "decisions":
         try:

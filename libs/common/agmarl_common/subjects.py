@@ -164,7 +164,7 @@ CATALOGUE: list[CatalogueEntry] = [
     CatalogueEntry(f"{PREFIX}.train_status", "train_status", "trainer", ("cli",), None,
                    "Progress of a training request"),
     CatalogueEntry(f"{PREFIX}.model_published", "model_published", "trainer",
-                   (), None,
+                   ("inference",), None,
                    "A new model version stored in Object Store agmarl_models"),
     CatalogueEntry(f"{PREFIX}.dead_letter.{_S}", "dead_letter", "*", ("operator",), None,
                    "A message a service rejected or failed to handle"),

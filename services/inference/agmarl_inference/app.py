@@ -20,6 +20,7 @@ from agmarl_common.service import HandlerContext, ServiceRuntime
 from agmarl_common.settings import load_settings
 from agmarl_inference.batch import start_batch_mode
 from agmarl_inference.decide import decide
+from agmarl_inference.models import ModelRegistry
 from agmarl_inference.overlay import InFlight
 from agmarl_inference.http import setup_extender, start_extender
 from agmarl_inference.settings import InferenceSettings
@@ -41,6 +42,8 @@ class InferenceApp:
         self.canary_selector = parse_label_selector(settings.canary_label_selector) \
             if settings.canary_label_selector else None
         self.in_flight = InFlight()
+        # learned models (model:<ref> selections, model_published): loaded off the loop, swapped via apply_selection
+        self.models = ModelRegistry(rt, self.apply_selection, lambda: (self.policy, self.canary and self.canary[0]))
         reg = rt.registry
         self.decisions = Counter("agmarl_decisions_total", "Scheduling decisions",
                                  ["policy", "mode", "source", "result"], registry=reg)
@@ -57,21 +60,26 @@ class InferenceApp:
         self.active.labels(policy=self.policy.name, model_version=self.model_version or "none", mode=self.mode).set(1)
 
     def select(self, sel: m.PolicySelection) -> None:
+        if self.models.claim(sel):  # model:<ref>: the registry loads it off the loop, then apply_selection
+            return
         try:
             policy = get_policy(sel.policy)
         except (KeyError, ValueError) as exc:
             self.rt.log.warning("policy selection %r rejected: %s; keeping %s", sel.policy, exc, self.policy.name)
             return
+        self.apply_selection(policy, sel.model_version, sel)
+
+    def apply_selection(self, policy, version: str, sel: m.PolicySelection) -> None:
         # the rollout mode is owned by the KV key ``rollout`` (set_mode), not by policy selections;
         # a selection in mode "canary" (safe exploration) only applies to opted-in pods
         if sel.mode == "canary":
-            self.canary = (policy, sel.model_version)
+            self.canary = (policy, version)
             self.rt.log.info("canary policy %s (version %s) for opted-in pods only: %s", policy.name,
-                             sel.model_version or "-", sel.reason)
+                             version or "-", sel.reason)
             return
         self.canary = None
-        self.policy, self.model_version = policy, sel.model_version
-        self.rt.log.info("active policy now %s (version %s, mode %s): %s", policy.name, sel.model_version or "-",
+        self.policy, self.model_version = policy, version
+        self.rt.log.info("active policy now %s (version %s, mode %s): %s", policy.name, version or "-",
                          self.mode, sel.reason)
         self._set_active_gauge()
 
@@ -94,6 +102,9 @@ class InferenceApp:
 
     async def on_policy(self, msg: m.PolicySelection, ctx: HandlerContext) -> None:
         self.select(msg)
+
+    async def on_model_published(self, msg: m.ModelPublished, ctx: HandlerContext) -> None:
+        await self.models.on_published(msg)
 
     async def on_graph(self, msg: m.GraphRequest, ctx: HandlerContext) -> None:
         if msg.cluster != self.settings.cluster:
@@ -141,6 +152,9 @@ async def main() -> int:
     app = InferenceApp(rt, settings)
     rt.handle(subjects.graph(settings.cluster), m.GraphRequest, queue=settings.queue_group)(app.on_graph)
     rt.handle(subjects.policy_selection(), m.PolicySelection)(app.on_policy)
+    rt.handle(subjects.model_published(), m.ModelPublished)(app.on_model_published)
+    rt.health_details = lambda: {"policy": app.policy.name, "model_version": app.model_version,
+                                 **app.models.details()}
     extender = setup_extender(rt, app, settings, decisions=app.decisions)
     if settings.batch_scheduler_name:
         start_batch_mode(rt, settings, policy=lambda: app.policy)
@@ -150,6 +164,7 @@ async def main() -> int:
         await load_active_policy(rt, app)
     except Exception as exc:  # noqa: BLE001 - no KV yet is normal at first start
         rt.log.info("no active policy in KV yet (%s); using %s", exc, app.policy.name)
+    await app.models.start()
     await start_extender(rt, extender, settings)
     # Everything that exists now (modules, FastAPI, pydantic schemas, OTel, NATS) lives as long as the
     # process: out of full collections, a gen-2 pause scans only newer objects (40-120 ms -> a few ms).

@@ -30,6 +30,9 @@ EXTENSION_MODULES: list[str] = ["agmarl_common.policies.fgd"]
 
 _REGISTRY: dict[str, PolicyFactory] = {}
 _loaded = False
+# name prefixes resolved by a function ``resolve(rest_of_name, seed) -> Policy`` ("module:function",
+# imported on first use): ``model:<default|path|version>`` is the learned policy served by ONNX Runtime
+PREFIX_RESOLVERS: dict[str, str] = {"model:": "agmarl_common.policies.onnx_model:resolve_model_policy"}
 
 
 def register_policy(name: str, factory: PolicyFactory, *, replace: bool = False) -> None:
@@ -63,6 +66,10 @@ def get_policy(name: str, seed: int = 0) -> Policy:
     try:
         factory = _REGISTRY[name]
     except KeyError:
+        for prefix, target in PREFIX_RESOLVERS.items():
+            if name.startswith(prefix):
+                module, _, fn = target.partition(":")
+                return getattr(importlib.import_module(module), fn)(name[len(prefix):], seed)
         raise KeyError(f"unknown policy {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
     return factory(seed)
 

@@ -1,0 +1,179 @@
+"""Model artifacts: a model folder (or its files as bytes) checked against its manifest before use.
+
+A model is the folder the trainer writes (``encoder.onnx``, ``actor.onnx``, ``manifest.json`` and
+whatever else ``manifest["files"]`` lists, with the sha256 of each). Nothing is served unless every
+listed file is present and its digest matches: a mismatch is a ``ModelIntegrityError`` naming the file
+and both digests, never a silently different model.
+
+References (``model:<ref>`` policies): ``default`` -> ``<repo>/models/default``; a path to a model
+folder; a version name -> ``<repo>/.state/models/<version>`` or ``<repo>/models/<version>`` when there,
+else the Object Store bucket ``subjects.MODELS_BUCKET`` (files stored as ``<version>/<file>``, what the
+trainer's ``publish_model`` writes) through ``fetch_version`` (async, a ``Bus``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from agmarl_common import subjects
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+MODELS_DIR = REPO_ROOT / "models"
+DEFAULT_MODEL_DIR = MODELS_DIR / "default"
+CACHE_DIR = REPO_ROOT / ".state" / "models"  # ignored by git
+MANIFEST = "manifest.json"
+ENCODER_FILE, ACTOR_FILE = "encoder.onnx", "actor.onnx"
+REQUIRED_FILES = (ENCODER_FILE, ACTOR_FILE)
+
+
+class ModelIntegrityError(ValueError):
+    """A model that must not be served; ``reason`` is a short metric label (digest, missing, invalid)."""
+
+    def __init__(self, message: str, reason: str = "invalid"):
+        super().__init__(message)
+        self.reason = reason
+
+
+class ModelNotFoundError(KeyError):
+    """No model under that reference (KeyError: the policy registry's 'unknown name')."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "model not found"
+
+
+@dataclass(frozen=True)
+class ModelArtifact:
+    """A verified model: its version, manifest and the bytes of every file (manifest.json included)."""
+
+    version: str
+    manifest: dict[str, Any]
+    files: Mapping[str, bytes]
+    source: str  # where it came from (folder, object store, bytes)
+
+    @property
+    def layers(self) -> int:
+        """Encoder layers (hops a node row reaches), from the training config; 2 when absent."""
+        net = self.manifest.get("training", {}).get("config", {}).get("net", {})
+        return int(net.get("encoder_layers", 2))
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def parse_manifest(raw: bytes, source: str) -> dict[str, Any]:
+    try:
+        manifest = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ModelIntegrityError(f"{source}: manifest.json is not valid JSON ({err})", "invalid") from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        raise ModelIntegrityError(f"{source}: manifest.json has no 'files' map of name -> sha256", "invalid")
+    missing = [f for f in REQUIRED_FILES if f not in files]
+    if missing:
+        raise ModelIntegrityError(f"{source}: manifest.json lists no {', '.join(missing)}", "invalid")
+    return manifest
+
+
+def verify_files(files: Mapping[str, bytes], manifest: Mapping[str, Any], source: str) -> None:
+    """Every file of ``manifest["files"]`` present with that sha256, else ``ModelIntegrityError``."""
+    for name, want in sorted(manifest["files"].items()):
+        if name not in files:
+            raise ModelIntegrityError(f"{source}: file {name} listed in manifest.json is missing", "missing")
+        got = sha256(files[name])
+        if got != want:
+            raise ModelIntegrityError(f"{source}: sha256 of {name} is {got}, manifest.json says {want}: "
+                                      "refusing to load this model", "digest")
+
+
+def load_bytes(files: Mapping[str, bytes], source: str = "bytes", expected_actor_sha256: str = "",
+               expected_files: Mapping[str, str] | None = None) -> ModelArtifact:
+    """A verified artifact from file bytes (``manifest.json`` among them). ``expected_*`` (from a
+    ModelPublished event) must agree with the manifest too."""
+    if MANIFEST not in files:
+        raise ModelIntegrityError(f"{source}: no manifest.json", "missing")
+    manifest = parse_manifest(files[MANIFEST], source)
+    if expected_files is not None and dict(expected_files) != dict(manifest["files"]):
+        raise ModelIntegrityError(f"{source}: manifest.json digests differ from the published event's", "digest")
+    if expected_actor_sha256 and manifest["files"][ACTOR_FILE] != expected_actor_sha256:
+        raise ModelIntegrityError(f"{source}: actor.onnx sha256 in manifest.json is {manifest['files'][ACTOR_FILE]}, "
+                                  f"the published event says {expected_actor_sha256}", "digest")
+    verify_files(files, manifest, source)
+    keep = {name: files[name] for name in (*manifest["files"], MANIFEST)}
+    version = str(manifest.get("version") or sha256(files[ACTOR_FILE])[:12])
+    return ModelArtifact(version, manifest, keep, source)
+
+
+def load_dir(path: str | Path) -> ModelArtifact:
+    """A verified artifact from a model folder (only the files its manifest lists are read)."""
+    d = Path(path)
+    if not (d / MANIFEST).is_file():
+        raise ModelNotFoundError(f"no model in {d}: {MANIFEST} not found")
+    raw = (d / MANIFEST).read_bytes()
+    manifest = parse_manifest(raw, str(d))
+    files = {MANIFEST: raw}
+    for name in manifest["files"]:
+        f = d / Path(name).name
+        if f.is_file():
+            files[name] = f.read_bytes()
+    return load_bytes(files, str(d))
+
+
+def local_dir(ref: str) -> Path | None:
+    """The folder a reference names on this machine, or None (then it may be an Object Store version)."""
+    if ref in ("", "default"):
+        return DEFAULT_MODEL_DIR if (DEFAULT_MODEL_DIR / MANIFEST).is_file() else None
+    p = Path(ref).expanduser()
+    if (p / MANIFEST).is_file():
+        return p
+    if "/" in ref or ref.startswith("."):
+        return None
+    for root in (CACHE_DIR, MODELS_DIR):
+        if (root / ref / MANIFEST).is_file():
+            return root / ref
+    return None
+
+
+def load_local(ref: str) -> ModelArtifact:
+    """``default``, a folder, or a version already on disk; ``ModelNotFoundError`` otherwise."""
+    d = local_dir(ref)
+    if d is None:
+        where = DEFAULT_MODEL_DIR if ref in ("", "default") else ref
+        raise ModelNotFoundError(f"model {ref!r} not found ({where}: no manifest.json; a version published to the "
+                                 f"Object Store is fetched by the inference service)")
+    return load_dir(d)
+
+
+async def fetch_files(bus, version: str, bucket: str = subjects.MODELS_BUCKET) -> dict[str, bytes]:
+    """The stored files of ``<version>/`` that its manifest lists, manifest.json included (unverified:
+    ``load_bytes`` checks them); ``ModelNotFoundError`` when the version has no manifest."""
+    raw = await bus.object_get(bucket, f"{version}/{MANIFEST}")
+    if raw is None:
+        raise ModelNotFoundError(f"object store {bucket}/{version}: no {MANIFEST}")
+    manifest = parse_manifest(raw, f"object store {bucket}/{version}")
+    files = {MANIFEST: raw}
+    for name in manifest["files"]:
+        data = await bus.object_get(bucket, f"{version}/{name}")
+        if data is not None:
+            files[name] = data
+    return files
+
+
+async def fetch_version(bus, version: str, bucket: str = subjects.MODELS_BUCKET, expected_actor_sha256: str = "",
+                        expected_files: Mapping[str, str] | None = None) -> ModelArtifact:
+    """Fetch ``<version>/*`` from the Object Store and verify it (``ModelNotFoundError`` when absent)."""
+    files = await fetch_files(bus, version, bucket)
+    return load_bytes(files, f"object store {bucket}/{version}", expected_actor_sha256, expected_files)
+
+
+def save(artifact: ModelArtifact, root: str | Path = CACHE_DIR) -> Path:
+    """Write a verified artifact to ``<root>/<version>/`` (so ``model:<version>`` resolves locally)."""
+    d = Path(root) / artifact.version
+    d.mkdir(parents=True, exist_ok=True)
+    for name, data in artifact.files.items():
+        (d / Path(name).name).write_bytes(data)
+    return d

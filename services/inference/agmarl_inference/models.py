@@ -1,0 +1,193 @@
+"""The model registry on the inference side: learned models loaded, verified and swapped without a restart.
+
+Sources of a model:
+- ``model_published`` (the trainer stored ``<version>/<file>`` in the Object Store bucket
+  ``agmarl_models``): every file its manifest lists is fetched and its sha256 checked (the event's
+  actor digest and manifest must agree with the stored ones);
+- a selection ``model:<ref>`` (the adaptive-engine's KV ``active_policy`` or policy_selection event,
+  or ``agmarl policy set``): ``latest`` (the newest model loaded), ``default`` (``models/default``), a
+  version (loaded already, on disk, or fetched from the Object Store) or a model folder;
+- at start, ``models/default`` when present.
+
+Fetching and digest checks happen on the event loop's side (I/O); checks of large files and building the
+ONNX Runtime sessions run in a worker thread, and the swap is one assignment on the event loop, so a
+decision uses either the old or the new model, never a mix. A model that cannot be fetched, fails a
+digest or does not load is refused: the previous model (or the baseline) keeps serving and
+``agmarl_model_load_failures_total{reason}`` counts it (reason: not_found, digest, missing, invalid,
+fetch, load).
+
+Which policy serves: the last event wins. A selection applies when its model is loaded, unless a
+newer selection or publish has been applied meanwhile. A published model replaces the active policy
+when that is a model (or when nothing was selected yet, only the settings' baseline); an explicit
+baseline selection stays in force, the new model is loaded and ready (``model:latest``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from typing import Callable, Mapping
+
+from prometheus_client import Counter, Gauge
+
+from agmarl_common import messages as m
+from agmarl_common import modelstore
+from agmarl_common.policies.onnx_model import MODEL_PREFIX, OnnxModelPolicy
+from agmarl_common.service import ServiceRuntime
+
+KEEP_VERSIONS = 3  # loaded models kept in memory (the active one, the previous ones for rollbacks)
+
+Apply = Callable[[object, str, m.PolicySelection], None]  # (policy, model version, selection)
+
+
+def is_model(name: str) -> bool:
+    return name.startswith(MODEL_PREFIX)
+
+
+class ModelRegistry:
+    def __init__(self, rt: ServiceRuntime, apply: Apply, active: Callable[[], tuple[object, object]]):
+        """``apply(policy, version, selection)`` installs a policy as the app's active (or canary)
+        policy; ``active()`` returns the app's (active policy, canary policy or None)."""
+        self.rt, self.apply, self.active = rt, apply, active
+        self.models: OrderedDict[str, OnnxModelPolicy] = OrderedDict()
+        self.latest: OnnxModelPolicy | None = None
+        self.default: OnnxModelPolicy | None = None
+        self.explicit = False  # a selection was made (KV or event), not only the settings' baseline
+        self._gen = self._applied = 0
+        self.failures = Counter("agmarl_model_load_failures_total", "Model versions refused or not loaded",
+                                ["reason"], registry=rt.registry)
+        self.loads = Counter("agmarl_model_loads_total", "Model versions loaded", ["source"], registry=rt.registry)
+        self.info = Gauge("agmarl_model_loaded_info", "Newest loaded model version (value 1)", ["version"],
+                          registry=rt.registry)
+        self.last_error = ""
+
+    # --- loading -----------------------------------------------------------------------------------
+
+    def _fail(self, reason: str, err: BaseException | str) -> None:
+        self.failures.labels(reason=reason).inc()
+        self.last_error = f"{reason}: {err}"
+        self.rt.log.warning("model refused (%s): %s", reason, err)
+
+    def _keep(self, policy: OnnxModelPolicy, source: str) -> OnnxModelPolicy:
+        self.models[policy.version] = policy
+        self.models.move_to_end(policy.version)
+        while len(self.models) > KEEP_VERSIONS:
+            self.models.popitem(last=False)
+        self.loads.labels(source=source).inc()
+        return policy
+
+    async def _build(self, load: Callable[[], modelstore.ModelArtifact], source: str) -> OnnxModelPolicy | None:
+        """Verify + build in a worker thread; failures are counted, never raised."""
+        try:
+            policy = await asyncio.to_thread(lambda: OnnxModelPolicy(load()))
+        except modelstore.ModelNotFoundError as err:
+            self._fail("not_found", err)
+            return None
+        except modelstore.ModelIntegrityError as err:
+            self._fail(err.reason, err)
+            return None
+        except Exception as err:  # noqa: BLE001 - a model ONNX Runtime cannot load is refused, not fatal
+            self._fail("load", f"{type(err).__name__}: {err}")
+            return None
+        self.rt.log.info("model %s loaded from %s", policy.version, source)
+        return self._keep(policy, source.split(" ")[0])
+
+    async def fetch(self, version: str, expected_sha256: str = "",
+                    expected_files: Mapping[str, str] | None = None) -> OnnxModelPolicy | None:
+        """``<version>/*`` from the Object Store, verified and built (None when refused)."""
+        try:
+            files = await modelstore.fetch_files(self.rt.bus, version)
+        except modelstore.ModelNotFoundError as err:
+            self._fail("not_found", err)
+            return None
+        except modelstore.ModelIntegrityError as err:
+            self._fail(err.reason, err)
+            return None
+        except Exception as err:  # noqa: BLE001 - NATS down, timeouts
+            self._fail("fetch", f"{type(err).__name__}: {err}")
+            return None
+        src = f"objectstore {version}"
+        return await self._build(lambda: modelstore.load_bytes(files, src, expected_sha256, expected_files), src)
+
+    async def resolve(self, ref: str) -> OnnxModelPolicy | None:
+        """The model ``model:<ref>`` names: loaded already, on disk, or fetched from the Object Store."""
+        if ref in ("", "latest"):
+            return self.latest or await self.load_default()
+        if ref == "default":
+            return await self.load_default()
+        if ref in self.models:
+            self.models.move_to_end(ref)
+            return self.models[ref]
+        if modelstore.local_dir(ref) is not None:
+            return await self._build(lambda: modelstore.load_local(ref), f"disk {ref}")
+        return await self.fetch(ref)
+
+    async def load_default(self) -> OnnxModelPolicy | None:
+        if self.default is None and modelstore.local_dir("default") is not None:
+            self.default = await self._build(lambda: modelstore.load_local("default"), "disk default")
+            if self.default is not None and self.latest is None:
+                self._set_latest(self.default)
+        return self.default
+
+    def _set_latest(self, policy: OnnxModelPolicy) -> None:
+        self.latest = policy
+        self.info.clear()
+        self.info.labels(version=policy.version).set(1)
+
+    # --- events --------------------------------------------------------------------------------------
+
+    def claim(self, sel: m.PolicySelection) -> bool:
+        """Every selection passes here first. True: a model selection, loaded and applied later by this
+        registry; False: the caller applies it now (a baseline)."""
+        self._gen += 1
+        self.explicit = True
+        if not is_model(sel.policy):
+            self._applied = self._gen
+            return False
+        self.rt.spawn(self._select(sel, self._gen), name=f"select {sel.policy}")
+        return True
+
+    async def _select(self, sel: m.PolicySelection, gen: int) -> None:
+        policy = await self.resolve(sel.policy[len(MODEL_PREFIX):])
+        if policy is None:
+            self.rt.log.warning("selection %s: no such model could be loaded; keeping the current policy", sel.policy)
+            return
+        self._install(policy, sel, gen)
+
+    def _install(self, policy: OnnxModelPolicy, sel: m.PolicySelection, gen: int) -> None:
+        if gen <= self._applied:
+            self.rt.log.info("model %s loaded, but a newer selection is in force", policy.version)
+            return
+        self._applied = gen
+        self.apply(policy, policy.version, sel)
+
+    async def on_published(self, msg: m.ModelPublished) -> OnnxModelPolicy | None:
+        """Fetch, verify, build; then swap it in where a model serves (see the module docstring)."""
+        self._gen += 1
+        gen = self._gen
+        policy = await self.fetch(msg.version, msg.sha256, msg.manifest.get("files"))
+        if policy is None:
+            return None
+        self._set_latest(policy)
+        active, canary = self.active()
+        reason = f"model {msg.version} published"
+        if is_model(getattr(active, "name", "")) or not self.explicit:
+            self._install(policy, m.PolicySelection(policy=policy.name, model_version=policy.version, mode="full",
+                                                    reason=reason, time=time.time()), gen)
+        if canary is not None and is_model(getattr(canary, "name", "")):
+            self.apply(policy, policy.version, m.PolicySelection(
+                policy=policy.name, model_version=policy.version, mode="canary", reason=reason, time=time.time()))
+        return policy
+
+    async def start(self) -> None:
+        """At start, with no selection made: ``models/default`` serves when present."""
+        default = await self.load_default()
+        if default is not None and not self.explicit:
+            self._gen += 1
+            self._install(default, m.PolicySelection(policy=default.name, model_version=default.version,
+                                                     reason="models/default at start", time=time.time()), self._gen)
+
+    def details(self) -> dict:
+        return {"model_latest": self.latest.version if self.latest else "", "models_loaded": list(self.models),
+                "model_last_error": self.last_error}

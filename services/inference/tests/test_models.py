@@ -1,0 +1,167 @@
+"""The model registry of the inference service, against a real nats-server and a real service process:
+the KV selection's model is fetched from the Object Store at start, a ModelPublished event swaps in the
+new version without a restart (decisions carry its version), a model whose digest does not match is
+refused and the previous one keeps serving. And no torch in the serving process.
+
+The model files come from the trainer's smoke config (trained once per session in a subprocess).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from agmarl_common import messages as m
+from agmarl_common import subjects
+from agmarl_common.bus import Bus
+from agmarl_common.cluster.model import ClusterState, to_dict
+from agmarl_common.graph import candidate_features
+from agmarl_common.sim import traces
+from agmarl_common.testing import wait_healthy
+
+REPO = Path(__file__).resolve().parents[3]
+CLUSTER = "modelreg"
+
+
+@pytest.fixture(scope="session")
+def smoke_model(tmp_path_factory) -> Path:
+    """A small trained model (smoke config), shared by every test module of the session."""
+    out = tmp_path_factory.getbasetemp() / "agmarl-smoke-model"
+    if not (out / "manifest.json").is_file():
+        run = subprocess.run([sys.executable, "-m", "agmarl_trainer.cli", "--config", "configs/train/smoke.yaml",
+                              "--out", str(out), "--runs-dir", str(out.parent / "agmarl-smoke-runs")],
+                             cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-3000:]
+    return out
+
+
+def version_files(model: Path, version: str, corrupt: str = "") -> tuple[dict[str, bytes], dict]:
+    """The model's files as version ``version`` (its manifest renamed; digests unchanged); ``corrupt``
+    names a file whose bytes are altered after the manifest was written."""
+    manifest = json.loads((model / "manifest.json").read_text())
+    manifest["version"] = version
+    files = {name: (model / name).read_bytes() for name in manifest["files"]}
+    files["manifest.json"] = json.dumps(manifest).encode()
+    if corrupt:
+        files[corrupt] = files[corrupt][:-1] + bytes([files[corrupt][-1] ^ 0xFF])
+    return files, manifest
+
+
+async def store(bus: Bus, version: str, files: dict[str, bytes]) -> None:
+    for name, data in files.items():
+        await bus.object_put(subjects.MODELS_BUCKET, f"{version}/{name}", data)
+
+
+async def until(predicate, timeout: float):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = await predicate()
+        if value:
+            return value
+        await asyncio.sleep(0.1)
+    return await predicate()
+
+
+def failures(port: int, reason: str) -> float:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5.0).text
+    found = re.search(rf'^agmarl_model_load_failures_total\{{reason="{reason}"\}} (\S+)$', text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+@pytest.mark.asyncio
+async def test_hot_reload_through_the_object_store_and_digest_refusal(smoke_model, nats_url, service_processes):
+    tag = uuid.uuid4().hex[:8]
+    v1, v2, v3 = (f"hot-{tag}-{k}" for k in ("v1", "v2", "v3"))
+    bus = await Bus.connect(nats_url, name="test-models")
+    previous = await bus.kv_get(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY)
+    try:
+        files1, _ = version_files(smoke_model, v1)
+        await store(bus, v1, files1)
+        await bus.kv_put(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY, m.encode(m.PolicySelection(
+            policy=f"model:{v1}", reason="test: serve v1", time=time.time())))
+        proc = service_processes("agmarl_inference", env={"NATS_URL": nats_url, "AGMARL_CLUSTER": CLUSTER,
+                                                          "AGMARL_HTTP_PORT": "0"})
+        first = await wait_healthy(bus, "inference", timeout=60, proc=proc)
+
+        async def health(version: str = ""):
+            st = await bus.request(subjects.health("inference"), b"", m.HealthStatus, timeout=2.0)
+            return st if not version or st.details.get("model_version") == version else None
+
+        assert await until(lambda: health(v1), 30), (await health()).details
+        decisions: list[m.Decision] = []
+
+        async def on_decision(msg):
+            decisions.append(m.decode(m.Decision, msg.data))
+
+        await bus.subscribe(subjects.decision_wildcard(CLUSTER), on_decision)
+        await bus.flush()
+
+        # a new version published: fetched, verified, swapped in; same process
+        files2, manifest2 = version_files(smoke_model, v2)
+        await store(bus, v2, files2)
+        await bus.publish(subjects.model_published(), m.ModelPublished(
+            version=v2, sha256=manifest2["files"]["actor.onnx"], object_name=f"{v2}/actor.onnx",
+            manifest=manifest2, time=time.time()))
+        st = await until(lambda: health(v2), 30)
+        assert st and st.pid == first.pid and proc.returncode is None, (await health()).details
+
+        nodes = traces.load_openb_nodes(traces.openb_node_path(traces.GPU_NODES))[:24]
+        state = ClusterState.empty(nodes)
+        pod = next(p for p in traces.load_openb_pods(traces.openb_pod_path("default")) if p.is_gpu_share)
+        idx = np.arange(len(nodes))
+
+        async def decide(k: int) -> m.Decision:
+            await bus.publish(subjects.graph(CLUSTER), m.GraphRequest(
+                cluster=CLUSTER, snapshot_seq=k, pod=to_dict(pod), seen_at=time.time(),
+                candidates=[nd.name for nd in nodes], features=candidate_features(state, idx)))
+
+            async def got():
+                return decisions[k] if len(decisions) > k else None
+            d = await until(got, 15)
+            assert d is not None, proc.output()[-3000:]
+            return d
+
+        d = await decide(0)
+        assert (d.policy, d.model_version) == (f"model:{v2}", v2)
+        assert d.node in {nd.name for nd in nodes} and len(d.gpus) == 1
+
+        # a version whose actor.onnx does not match its manifest: refused, v2 keeps serving
+        files3, manifest3 = version_files(smoke_model, v3, corrupt="actor.onnx")
+        await store(bus, v3, files3)
+        await bus.publish(subjects.model_published(), m.ModelPublished(
+            version=v3, sha256=manifest3["files"]["actor.onnx"], object_name=f"{v3}/actor.onnx",
+            manifest=manifest3, time=time.time()))
+
+        async def refused():
+            st = await health()
+            return st if "digest" in st.details.get("model_last_error", "") else None
+        st = await until(refused, 30)
+        assert st is not None and st.details["model_version"] == v2
+        assert "actor.onnx" in st.details["model_last_error"]
+        assert failures(st.metrics_port, "digest") == 1.0
+        d = await decide(1)
+        assert (d.policy, d.model_version) == (f"model:{v2}", v2)
+    finally:
+        kv = await bus.kv(subjects.CONFIG_BUCKET)
+        if previous:
+            await kv.put(subjects.KEY_ACTIVE_POLICY, previous)
+        else:
+            await kv.delete(subjects.KEY_ACTIVE_POLICY)
+        await bus.close()
+
+
+def test_no_torch_in_the_serving_process():
+    code = ("import sys, agmarl_inference.app, agmarl_inference.models, agmarl_common.policies.onnx_model; "
+            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
