@@ -39,9 +39,20 @@ SERVICE = "adaptive-engine"
 SEEN_LIMIT = 50_000
 
 
+def expert_map(s: AdaptiveSettings, known=None) -> dict[str, str]:
+    """The configured experts, with the shipped learned model (``initial_policy``) standing in for the
+    regimes in ``model_regimes`` when it can be loaded."""
+    known = known or policy_known
+    experts = dict(s.experts)
+    if s.initial_policy and known(s.initial_policy):
+        for regime in s.model_regimes:
+            experts[regime] = s.initial_policy
+    return experts
+
+
 def controller_config(s: AdaptiveSettings) -> ControllerConfig:
     return ControllerConfig(
-        library=ExpertLibrary(experts=dict(s.experts), baseline=s.default_policy),
+        library=ExpertLibrary(experts=expert_map(s), baseline=s.default_policy),
         gate=GateConfig(s.busy_enter, s.busy_exit, s.affinity_enter, s.affinity_exit, s.regime_dwell_seconds),
         guard=GuardConfig(s.guard_window, s.guard_min_samples, s.guard_min_reward, s.guard_max_drop,
                           s.guard_min_success, s.guard_min_decided),
@@ -108,8 +119,14 @@ class AdaptiveApp:
                 await self.rt.bus.kv_put(subjects.CONFIG_BUCKET, hist.KEY_POLICY_HISTORY,
                                          hist.encode_history(self.controller.history))
             return
-        sel = m.PolicySelection(policy=self.settings.default_policy, mode=self.settings.default_mode,
-                                reason="initial selection: no trained model published yet, baseline scoring", time=now)
+        initial = self.settings.initial_policy
+        if initial and policy_known(initial):
+            sel = m.PolicySelection(policy=initial, mode=self.settings.default_mode,
+                                    reason=f"initial selection: the shipped learned model ({initial})", time=now)
+        else:
+            sel = m.PolicySelection(policy=self.settings.default_policy, mode=self.settings.default_mode,
+                                    reason="initial selection: no trained model available, baseline scoring",
+                                    time=now)
         self.controller = AdaptiveController(controller_config(self.settings), selection_fields(sel), history, now,
                                              policy_known)
         await self.apply(Switch("initial", selection_fields(sel)))

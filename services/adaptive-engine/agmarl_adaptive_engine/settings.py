@@ -9,7 +9,9 @@ from agmarl_common.settings import CommonSettings
 
 
 class AdaptiveSettings(CommonSettings):
-    default_policy: str = "kube-resources"  # selected when no policy was chosen yet; the rollback baseline
+    default_policy: str = "kube-resources"  # the rollback baseline (and the first selection without a model)
+    initial_policy: str = "model:default"  # first selection when it loads: the shipped learned model
+    model_regimes: list[str] = ["low_load", "batch"]  # regimes the learned model serves as the expert
     default_mode: str = "full"
     # drift detectors (docs/adaptivity.md)
     ph_delta: float = 0.005

@@ -29,3 +29,15 @@ def test_drop_in_reward_is_detected_soon_after_the_change():
 def test_rise_in_reward_is_not_an_alarm():
     stream = np.concatenate([np.full(200, 0.5), np.full(200, 0.9)])
     assert run(stream) == []
+
+
+def test_shipped_model_stands_in_for_configured_regimes_only_when_it_loads():
+    from agmarl_adaptive_engine.app import expert_map
+    from agmarl_adaptive_engine.settings import AdaptiveSettings
+
+    s = AdaptiveSettings()
+    with_model = expert_map(s, known=lambda name: True)
+    without = expert_map(s, known=lambda name: False)
+    assert with_model["low_load"] == with_model["batch"] == "model:default"
+    assert with_model["affinity"] == without["affinity"] == s.experts["affinity"]
+    assert without == dict(s.experts)

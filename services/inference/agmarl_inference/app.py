@@ -117,7 +117,7 @@ class InferenceApp:
         state = self.in_flight.apply(state_from_features(msg.features), msg.decisions_seen.get(self.replica, 0), now)
         policy, version = self.policy_for(pod)
         choice = decide(pod, state, policy, self.default, self.mode, self.settings.hybrid_model_weight,
-                        msg.filtered_out)
+                        msg.filtered_out, self.settings.explain_model)
         decided_at = time.time()
         seq = self.in_flight.record(pod, choice.node, choice.gpus, decided_at)
         result = "scheduled" if choice.node else "unschedulable"

@@ -43,7 +43,7 @@ def blend(model: np.ndarray, default: np.ndarray, mode: str, model_weight: float
 
 
 def decide(pod: Pod, state: ClusterState, policy: Policy, default: Policy, mode: str,
-           model_weight: float, reasons: dict[str, str] | None = None) -> Choice:
+           model_weight: float, reasons: dict[str, str] | None = None, explain_model: bool = True) -> Choice:
     idx = guard(pod, state)
     if idx.size == 0:
         return Choice("", (), 0.0, {}, {}, {}, {"reason": "no feasible node", "filtered_out": dict(reasons or {})})
@@ -64,6 +64,10 @@ def decide(pod: Pod, state: ClusterState, policy: Policy, default: Policy, mode:
         "filtered_out": len(reasons or {}),
         "filter_reasons": dict(list((reasons or {}).items())[:5]),
     }
+    explain = getattr(policy, "explain", None)
+    if explain_model and callable(explain):
+        # a learned policy: top attention edges and feature contributions (occlusion) of its pick
+        explanation["model"] = explain(pod, state, idx, top=3)
     return Choice(
         node=names[best], gpus=tuple(gpus or ()), score=float(blended[best]),
         scores={n: round(float(s), 3) for n, s in zip(names, blended)},

@@ -19,3 +19,4 @@ class InferenceSettings(CommonSettings):
     # 16 MiB: a full v1.NodeList (nodeCacheCapable: false) of 5,000 nodes at ~2 KiB each is ~10 MB
     max_body_bytes: int = 16 * 1024 * 1024
     extender_path_prefixes: list[str] = ["", "/ext"]  # the verbs are served under each (scheduler urlPrefix)
+    explain_model: bool = True  # add the model's attention / feature contributions to each loop decision

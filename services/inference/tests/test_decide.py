@@ -54,3 +54,27 @@ def test_decide_with_no_feasible_node_says_why():
     choice = decide(Pod("huge", 99_000, 1), cluster(), get_policy("kube-resources"), get_policy("kube-resources"),
                     "full", 0.7, {"a": "NodeResourcesFit: Insufficient cpu"})
     assert choice.node == "" and choice.explanation["reason"] == "no feasible node"
+
+
+def test_learned_policy_explains_its_pick():
+    """With a real ONNX model (the shipped one, from git), the decision carries attention and feature
+    contributions."""
+    import subprocess
+    from pathlib import Path
+
+    from agmarl_common.policies.onnx_model import OnnxModelPolicy
+
+    root = Path(__file__).resolve().parents[3]
+    model_dir = root / "models" / "default"
+    if not (model_dir / "manifest.json").exists():  # being retrained in this checkout: use the committed one
+        model_dir = Path(subprocess.run(["mktemp", "-d"], capture_output=True, text=True).stdout.strip())
+        for f in ("actor.onnx", "encoder.onnx", "manifest.json", "model.pt", "report.md"):
+            data = subprocess.run(["git", "-C", str(root), "show", f"HEAD:models/default/{f}"], capture_output=True).stdout
+            (model_dir / f).write_bytes(data)
+    policy = OnnxModelPolicy.from_dir(model_dir)
+    pod = Pod("p", 500, 500)
+    policy.observe_workload([pod])
+    choice = decide(pod, cluster(), policy, get_policy("kube-resources"), "full", 0.7)
+    model = choice.explanation["model"]
+    assert model["chosen"] == choice.node
+    assert model["attention"] and model["feature_contributions"]
