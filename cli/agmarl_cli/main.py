@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("query", help="trace id, or pod (namespace/name or name)")
     tr.add_argument("--dir", default=None, help="trace directory (default: the latest run's)")
 
+    sub.add_parser("train", help="train a model in the simulator (see `agmarl train --help`)", add_help=False)
+
     pol = sub.add_parser("policy", help="the active policy")
     psub = pol.add_subparsers(dest="pcmd", required=True)
     psub.add_parser("show", help="the active selection and the recent history")
@@ -78,6 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["train"]:
+        # the trainer's own CLI (torch is imported only here, never by the other commands)
+        from agmarl_trainer.cli import main as train_main  # noqa: PLC0415
+        return train_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.cmd == "up":
         from agmarl_cli.up import run_up  # noqa: PLC0415 - keep `agmarl --help` fast

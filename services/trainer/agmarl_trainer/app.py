@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing
+import os
+import signal
 import time
 from collections import deque
 from pathlib import Path
@@ -27,7 +29,9 @@ from agmarl_common.settings import load_settings
 from agmarl_trainer.settings import TrainerSettings
 
 SERVICE = "trainer"
-REPO_ROOT = Path(__file__).resolve().parents[3]
+# the source checkout (editable install), else the working directory (the container's /app)
+REPO_ROOT = next((p for p in (Path(__file__).resolve().parents[3], Path.cwd())
+                  if (p / "configs" / "train").is_dir()), Path.cwd())
 CONFIG_DIR = REPO_ROOT / "configs" / "train"
 DEFAULT_CONFIG = "smoke.yaml"
 WORK_DIR = REPO_ROOT / ".state" / "trainer"  # ignored by git
@@ -35,8 +39,12 @@ MAX_RUN_S = 3 * 3600.0  # a run still going after this is terminated
 
 
 def run_job(config_path: str, out_dir: str, runs_dir: str, result_path: str) -> None:
-    """Worker process: ``agmarl train``, then the outcome as JSON in ``result_path``."""
+    """Worker process: ``agmarl train``, then the outcome as JSON in ``result_path``.
+
+    It leads its own process group, so stopping the run stops its rollout workers too (``_stop``)."""
     from agmarl_trainer.cli import main
+
+    os.setsid()
 
     try:
         rc = main(["--config", config_path, "--out", out_dir, "--runs-dir", runs_dir])
@@ -44,6 +52,20 @@ def run_job(config_path: str, out_dir: str, runs_dir: str, result_path: str) -> 
     except Exception as err:  # reported to the requester as "failed"
         body = {"rc": 1, "error": f"{type(err).__name__}: {err}"}
     Path(result_path).write_text(json.dumps(body))
+
+
+def _stop(proc: multiprocessing.Process) -> None:
+    """Terminate a run and every process of its group (the run's own rollout workers), by pid."""
+    if proc.pid is None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)  # the group run_job created: only processes this run started
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.join(timeout=10)
+    if proc.is_alive():
+        proc.kill()
+        proc.join(timeout=5)
 
 
 def config_for(req: m.TrainRequest) -> Path:
@@ -65,6 +87,7 @@ class TrainerApp:
         self.experience_total = Counter("agmarl_trainer_experience_total", "Experience transitions received",
                                         registry=rt.registry)
         self.running: str = ""  # request id of the run in progress
+        self.proc: multiprocessing.Process | None = None  # its process (the leader of its process group)
 
     async def on_experience(self, msg: m.Experience, ctx: HandlerContext) -> None:
         """Keep recent transitions (bounded) for fine-tuning; the stream is durable, so none is lost
@@ -104,6 +127,7 @@ class TrainerApp:
         # not daemonic: the run starts its own rollout worker processes
         proc = multiprocessing.get_context("spawn").Process(
             target=run_job, args=(str(config), str(out), str(work / "runs"), str(result)))
+        self.proc = proc
         try:
             proc.start()
             await self._status(req, "running", f"training with {config.name} in process {proc.pid}")
@@ -122,10 +146,8 @@ class TrainerApp:
             self.requests.labels(status="failed").inc()
             await self._status(req, "failed", f"{type(err).__name__}: {err}")
         finally:
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(timeout=5)
-            self.running = ""
+            _stop(proc)
+            self.running, self.proc = "", None
 
     async def publish_model(self, model_dir: Path) -> str:
         """Every file of ``model_dir`` into the models bucket as <version>/<file>, then model_published."""

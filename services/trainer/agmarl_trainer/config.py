@@ -40,6 +40,7 @@ class RLConfig:
     value_coef: float = 0.5
     entropy_coef: float = 0.001
     beta: float = 1.0  # weight of the fragmentation term of the inflation step reward
+    critic_warmup: int = 2  # first iterations fit the critic only (the actor is the imitation policy)
     reward_scale: float = 0.01  # rewards (GPUs) times this before GAE: keeps returns O(1) for the critic
     max_grad_norm: float = 1.0
 

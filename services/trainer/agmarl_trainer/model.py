@@ -171,6 +171,7 @@ class PolicyNet(nn.Module):
     def logits_and_value(self, g: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         node_emb = self.encoder(g["node_x"], g["nn_edge_index"])
         logits = self.actor(node_emb, g["node_x"], g["pod_x"], g["cand_pod"], g["cand_node"], g["cand_attr"])
-        value = self.critic(node_emb, g["pod_x"], g["nn_edge_index"], g["pp_edge_index"], g["cand_pod"],
+        # the critic reads the encoder's output but does not train it: value errors never move the actor
+        value = self.critic(node_emb.detach(), g["pod_x"], g["nn_edge_index"], g["pp_edge_index"], g["cand_pod"],
                             g["cand_node"], g["cand_attr"], g["node_batch"], g["pod_batch"], int(g["n_graphs"]))
         return logits, value

@@ -3,9 +3,11 @@
 Two protocols, both from ``agmarl_common.sim`` (the same code the benchmarks run):
 - inflation (the FGD paper's): pods arrive once in a seeded inflated order and stay; one pod is one
   step. Step reward (GPU allocation gained, fragmentation avoided), in GPUs:
-      r_t = gpu_milli_placed_t / 1000 - beta * (F_{t+1} - F_t) / 1000,
-  F = cluster fragmentation amount against the target workload. The second term is potential-based
-  shaping (Phi = -beta F), so with gamma = 1 it leaves the optimal policy unchanged.
+      r_t = -(gpu_milli_dropped_t) / 1000 - beta * (F_{t+1} - F_t) / 1000,
+  F = cluster fragmentation amount against the target workload. The arrivals do not depend on the
+  policy, so sum(allocated) = sum(arrived) - sum(dropped): penalising drops is rewarding allocation up
+  to a policy-independent constant, without the pod-size noise of a per-placement gain. The second term
+  is potential-based shaping (Phi = -beta F), so with gamma = 1 it leaves the optimal policy unchanged.
 - dynamic (time-driven simulator): every tick the pending pods form one batch of agents; each picks a
   candidate, an arbiter binds them in order and re-checks each pick on the state left by the earlier
   ones (``filter_node``, via ``sim.dynamic.bind``); a refused pick stays pending. The round's reward is
@@ -206,7 +208,7 @@ def run_inflation_episode(nodes: Sequence[Node], workload: Sequence[Pod], rng: n
             if record:
                 rec = Sample(graph, np.array([int(np.flatnonzero(cand == i)[0])], np.int64), logp)
         new_frag = ctx.node_frag(state).sum()
-        reward = gained / GPU_MILLI - beta * (new_frag - frag) / GPU_MILLI
+        reward = (gained - pod.gpu_milli_total) / GPU_MILLI - beta * (new_frag - frag) / GPU_MILLI
         frag = new_frag
         if rec is not None:
             rec.reward = reward

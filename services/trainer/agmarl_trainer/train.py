@@ -153,7 +153,7 @@ def ppo_terms(net, samples: Sequence[Sample]):
 
 
 def ppo_update(net: PolicyNet, opt, samples: list[Sample], cfg: TrainConfig, log: MetricsLog, step: int,
-               rng: np.random.Generator, wrap=None) -> int:
+               rng: np.random.Generator, wrap=None, critic_only: bool = False) -> int:
     rc = cfg.rl
     model = wrap(net) if wrap is not None else net
     with torch.no_grad():
@@ -172,7 +172,7 @@ def ppo_update(net: PolicyNet, opt, samples: list[Sample], cfg: TrainConfig, log
             ratio = torch.exp(logp - torch.as_tensor(old_logp[idx], dtype=torch.float32))
             pg = -torch.min(ratio * a, torch.clamp(ratio, 1 - rc.clip, 1 + rc.clip) * a).mean()
             vl = 0.5 * ((value - torch.as_tensor(returns[idx], dtype=torch.float32)) ** 2).mean()
-            loss = pg + rc.value_coef * vl - rc.entropy_coef * entropy
+            loss = rc.value_coef * vl if critic_only else pg + rc.value_coef * vl - rc.entropy_coef * entropy
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(net.parameters(), rc.max_grad_norm)
@@ -215,7 +215,7 @@ def train_rl(net: PolicyNet, cfg: TrainConfig, log: MetricsLog, rng: np.random.G
         log.row(phase="rollout", step=step, episode_return=ret,
                 alloc_at_100=float(np.mean(allocs)) if allocs else "")
         if samples:
-            step = ppo_update(net, opt, samples, cfg, log, step, rng, wrap)
+            step = ppo_update(net, opt, samples, cfg, log, step, rng, wrap, critic_only=it < rc.critic_warmup)
         last = {"episode_return": ret, "iterations": it + 1}
     return last
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 
 from agmarl_common import messages as m
 from agmarl_common import subjects
@@ -51,7 +52,7 @@ async def test_train_request_trains_and_publishes_a_model(nats_url):
         first = await bus.request(subjects.train_request(), request("r1"), m.TrainStatus, timeout=5)
         second = await bus.request(subjects.train_request(), request("r2"), m.TrainStatus, timeout=5)
         assert first.status == "accepted" and second.status == "rejected" and "r1" in second.detail
-        for _ in range(300):  # bounded: the smoke run takes well under two minutes
+        for _ in range(600):  # bounded: the smoke run takes well under two minutes (more on a busy machine)
             if any(s.status in ("done", "failed") for s in statuses):
                 break
             await asyncio.sleep(0.5)
@@ -66,3 +67,42 @@ async def test_train_request_trains_and_publishes_a_model(nats_url):
     finally:
         await bus.close()
         await rt.shutdown()
+
+
+async def test_stopping_the_service_stops_the_run_and_its_workers(nats_url):
+    settings = TrainerSettings(nats_url=nats_url, cluster="trainer-stop")
+    rt = ServiceRuntime("trainer", settings)
+    app = TrainerApp(rt, settings)
+    rt.handle_request(subjects.train_request(), m.TrainRequest, m.TrainStatus)(app.on_request)
+    await rt.start()
+    bus = await Bus.connect(nats_url, name="test-trainer-stop")
+    try:
+        reply = await bus.request(subjects.train_request(), request("s1"), m.TrainStatus, timeout=5)
+        assert reply.status == "accepted"
+        group = []
+        for _ in range(240):  # wait until the run has started its rollout workers (bounded)
+            await asyncio.sleep(0.5)
+            leader = app.proc.pid if app.proc is not None else None
+            group = [int(p) for p in os.listdir("/proc") if p.isdigit() and leader and _pgid(int(p)) == leader]
+            if len(group) >= 3:
+                break
+        assert len(group) >= 3, "the run and its rollout workers, in the run's own process group"
+    finally:
+        await bus.close()
+        await rt.shutdown()
+    await asyncio.sleep(1.0)
+    assert not [p for p in group if os.path.exists(f"/proc/{p}") and _state(p) != "Z"]
+
+
+def _pgid(pid: int) -> int:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return -1
+
+
+def _state(pid: int) -> str:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
