@@ -559,8 +559,9 @@ class ExtenderService:
                 returned = to_extender_scores(chosen) if kind != "neutral" else [NEUTRAL_SCORE] * len(cand)
                 if kind != "neutral":
                     scores.update(zip(cand_names, returned))
-                build = lambda: self._scored(pod, cand_names, model, base, mode, opted, returned, kind,  # noqa: E731
-                                             fallback, policy.name, version, span, seen_at, decided_at)
+                build = lambda: self._with_model_explanation(  # noqa: E731
+                    self._scored(pod, cand_names, model, base, mode, opted, returned, kind, fallback, policy.name,
+                                 version, span, seen_at, decided_at), policy, pod, req, cand, model)
             else:  # nothing to score: cache cold, a failure, or no candidate passes the hard filter here
                 build = lambda: self._bare(pod, span, seen_at, decided_at, policy.name, version, mode, {  # noqa: E731
                     "verb": "prioritize", "returned": kind, "fallback": fallback, "candidates": 0,
@@ -570,6 +571,17 @@ class ExtenderService:
             span.set_attribute("agmarl.fallback", fallback)
             span.set_attribute("agmarl.returned", kind)
         return scores
+
+    def _with_model_explanation(self, decision: m.Decision, policy: Any, pod: Pod, req: Any, cand: np.ndarray,
+                                model: Scored | None) -> m.Decision:
+        """A learned policy adds its top attention edges and feature contributions (after the answer)."""
+        explain_fn = getattr(policy, "explain", None)
+        if model is not None and callable(explain_fn) and getattr(self.settings, "explain_model", True):
+            try:
+                decision.explanation["model"] = explain_fn(pod, req.state, cand, top=3)
+            except Exception as exc:  # noqa: BLE001 - an explanation must never cost the decision log entry
+                decision.explanation["model"] = {"error": type(exc).__name__}
+        return decision
 
     def _scored(self, pod: Pod, names: list[str], model: Scored | None, base: Scored, mode: str, opted: bool,
                 returned: list[int], kind: str, fallback: str, policy: str, version: str, span: trace.Span,
