@@ -6,23 +6,15 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agmarl_common.natsserver import NatsServer
+from agmarl_common.natsserver import NatsServer, free_port
 
 SERVICES = ("state-collector", "graph-builder", "inference", "reward-calculator", "adaptive-engine", "trainer")
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1 (for the extender of a local run; 8080 may well be taken)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def module_of(service: str) -> str:

@@ -1,9 +1,9 @@
-"""Graph features, built by the same code in training and in serving (no train/serve skew).
+"""The candidate view that travels from graph-builder to inference.
 
 graph-builder turns (pending pod, cluster state, candidates after the hard filter) into a
-``features`` dict of plain lists that travels on the wire; inference turns it back into a
-candidate-only ``ClusterState`` (for baseline scorers and the final guard) and feature matrices
-(for the model). Pure functions.
+``features`` dict of plain lists; inference turns it back into a candidate-only ``ClusterState``
+for the policies and the final guard. The learned model's inputs are built from that state by
+``agmarl_common.features`` (the same code the trainer uses). Pure functions.
 """
 
 from __future__ import annotations
@@ -13,13 +13,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from agmarl_common.cluster.model import MAX_GPUS, ClusterState, Node, Pod
-
-NODE_FEATURES = ("cpu_free", "mem_free", "gpu_free", "gpu_whole_free", "pods_free", "cpu_util", "mem_util",
-                 "gpu_util", "has_gpu")
-POD_FEATURES = ("cpu", "mem", "gpu", "gpu_share", "is_ls")
-CPU_SCALE = 128_000.0  # milli-cpu of a large node
-MEM_SCALE = 1_048_576.0  # MiB of a large node
+from agmarl_common.cluster.model import MAX_GPUS, ClusterState, Node
 
 
 def candidate_features(state: ClusterState, candidates: np.ndarray) -> dict[str, Any]:
@@ -61,37 +55,3 @@ def state_from_features(features: Mapping[str, Any]) -> ClusterState:
     return replace(state, cpu_used=np.asarray(features["cpu_used"], dtype=np.int64),
                    mem_used=np.asarray(features["mem_used"], dtype=np.int64),
                    pods_used=np.asarray(features["pods_used"], dtype=np.int64), gpu_used=gpu)
-
-
-def node_feature_matrix(state: ClusterState, idx: np.ndarray | None = None) -> np.ndarray:
-    """(n, len(NODE_FEATURES)) float32 features in roughly [0, 1]."""
-    if idx is None:
-        idx = np.arange(state.n_nodes)
-    cpu_cap = np.maximum(state.cpu_cap[idx], 1)
-    mem_cap = np.maximum(state.mem_cap[idx], 1)
-    gcount = state.gpu_count[idx]
-    free = state.gpu_free()[idx]
-    gpu_cap = np.maximum(gcount * 1000, 1)
-    cols = [
-        (state.cpu_cap[idx] - state.cpu_used[idx]) / CPU_SCALE,
-        (state.mem_cap[idx] - state.mem_used[idx]) / MEM_SCALE,
-        free.sum(axis=1) / 8000.0,
-        (free >= 1000).sum(axis=1) / 8.0,
-        (state.pods_cap[idx] - state.pods_used[idx]) / 110.0,
-        state.cpu_used[idx] / cpu_cap,
-        state.mem_used[idx] / mem_cap,
-        np.where(gcount > 0, state.gpu_used[idx].sum(axis=1) / gpu_cap, 0.0),
-        (gcount > 0).astype(np.float64),
-    ]
-    return np.stack(cols, axis=1).astype(np.float32)
-
-
-def pod_feature_vector(pod: Pod) -> np.ndarray:
-    """(len(POD_FEATURES),) float32."""
-    return np.array([
-        pod.cpu_milli / CPU_SCALE,
-        pod.memory_mib / MEM_SCALE,
-        pod.num_gpu / 8.0,
-        pod.gpu_milli / 1000.0 if pod.is_gpu_share else 0.0,
-        1.0 if pod.qos in ("LS", "Guaranteed") else 0.0,
-    ], dtype=np.float32)

@@ -3,7 +3,7 @@
 import numpy as np
 
 from agmarl_common.cluster.model import ClusterState, Node, Pod, bind
-from agmarl_common.graph import NODE_FEATURES, candidate_features, node_feature_matrix, state_from_features
+from agmarl_common.graph import candidate_features, state_from_features
 
 
 def test_candidate_features_round_trip_keeps_usage():
@@ -26,11 +26,3 @@ def test_state_from_features_rejects_ragged_rows():
         assert "cpu_used" in str(exc)
     else:
         raise AssertionError("ragged features accepted")
-
-
-def test_node_feature_matrix_shape_and_utilisation():
-    s = bind(ClusterState.empty([Node("a", 1000, 1000), Node("b", 1000, 1000)]), Pod("p", 500, 250), 1)
-    f = node_feature_matrix(s)
-    assert f.shape == (2, len(NODE_FEATURES))
-    assert f[1, NODE_FEATURES.index("cpu_util")] == np.float32(0.5)
-    assert f[0, NODE_FEATURES.index("cpu_util")] == 0.0
