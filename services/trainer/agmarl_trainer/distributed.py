@@ -19,6 +19,7 @@ inside each rank.
 from __future__ import annotations
 
 import os
+import socket
 from datetime import timedelta
 
 import torch
@@ -35,9 +36,24 @@ def init_from_env(backend: str = "gloo", timeout_s: float = 600.0) -> tuple[int,
 
 def init(rank: int, world: int, addr: str = "127.0.0.1", port: int = 29500, backend: str = "gloo",
          timeout_s: float = 120.0) -> None:
-    """Join a process group explicitly (tests, notebooks)."""
+    """Join a process group explicitly (tests, notebooks).
+
+    On a loopback rendezvous gloo is told to use the loopback interface: left alone, it picks the
+    interface the machine's hostname resolves to, which may not exist or be reachable (CI sandboxes).
+    """
+    if addr in ("127.0.0.1", "localhost", "::1"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", _loopback_ifname())
     dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=timeout_s))
+
+
+def _loopback_ifname() -> str:
+    """Name of the loopback interface (``lo`` on Linux, ``lo0`` on macOS)."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        names = []
+    return next((n for n in names if n.startswith("lo")), "lo")
 
 
 def ddp_wrap(net: torch.nn.Module) -> torch.nn.Module:

@@ -31,7 +31,7 @@ def samples(seed: int) -> list[Sample]:
 
 def worker(rank: int, port: int, queue) -> None:
     torch.set_num_threads(1)
-    distributed.init(rank, 2, port=port)
+    distributed.init(rank, 2, port=port, timeout_s=90.0)
     try:
         torch.manual_seed(0)
         net = PolicyNet(CFG)
@@ -67,13 +67,22 @@ def test_two_gloo_ranks_average_gradients_and_agree():
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=worker, args=(r, port, queue)) for r in range(2)]
+    # daemon + terminate in finally: a rank stuck in a collective must fail the test, never hang the run
+    procs = [ctx.Process(target=worker, args=(r, port, queue), daemon=True) for r in range(2)]
     for p in procs:
         p.start()
-    results = dict((r, (g, s, n)) for r, g, s, n in (queue.get(timeout=120) for _ in procs))
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    try:
+        results = dict((r, (g, s, n)) for r, g, s, n in (queue.get(timeout=150) for _ in procs))
+        for p in procs:
+            p.join(timeout=60)
+            assert p.exitcode == 0
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
     (g0, s0, n0), (g1, s1, n1) = results[0], results[1]
     assert n0 == n1 == 10
     expected = {k: (a + local_grads(1)[k]) / 2 for k, a in local_grads(0).items()}
