@@ -1,12 +1,24 @@
-"""trainer: answers train requests (request/reply), trains in a worker process, publishes the model.
+"""trainer: answers retrain requests, fine-tunes the serving model in a worker process, and publishes the
+result only when the promotion gate says it beats what serves.
 
 A request is answered at once ("accepted", or "rejected" while another run is in progress) and the same
-status is published; the run itself (``agmarl train`` with the smoke config unless the request's
-evidence names another file of configs/train/ under ``train_config``) goes to a separate process, so the
-event loop stays responsive. Then "running", and at the end "done" with the model version (after every
-model file is stored in the Object Store bucket ``agmarl_models`` as ``<version>/<file>`` and a
-``model_published`` event announces it) or "failed" with the reason. On shutdown a run in progress is
-terminated.
+status is published. The run: the incumbent is what serves (KV ``agmarl_config/active_policy``; with no
+selection, the newest model this trainer published, else ``models/default``, as the inference service
+does); its model folder comes from disk or the Object Store. The experience buffer (the EXPERIENCE
+stream's transitions, bounded, mirrored to ``<work>/experience.jsonl``) is copied for the run, and
+``finetune.run_finetune`` (with ``configs/train/finetune.yaml`` unless the request's evidence names another
+file of configs/train/ under ``train_config``) goes to a separate process, so the event loop stays
+responsive. Then "running", and at the end:
+
+- "done" with the model version when the gate promoted the candidate: every model file is stored in the
+  Object Store bucket ``agmarl_models`` as ``<version>/<file>`` and ``model_published`` announces it;
+- "rejected" with the gate's reason and the metrics of candidate, incumbent, FGD and BestFit (nothing
+  published);
+- "failed" with the reason.
+
+``evidence["force"] = true`` publishes a candidate the gate refused (the status says so). Every run's
+``<work>/<request id>/result.json`` holds the evaluation, the verdict and what was published. On shutdown
+a run in progress is terminated.
 """
 
 from __future__ import annotations
@@ -17,15 +29,15 @@ import multiprocessing
 import os
 import signal
 import time
-from collections import deque
 from pathlib import Path
 
 from prometheus_client import Counter
 
 from agmarl_common import messages as m
-from agmarl_common import subjects
+from agmarl_common import modelstore, subjects
 from agmarl_common.service import HandlerContext, ServiceRuntime
 from agmarl_common.settings import load_settings
+from agmarl_trainer.experience import ExperienceBuffer
 from agmarl_trainer.settings import TrainerSettings
 
 SERVICE = "trainer"
@@ -33,25 +45,25 @@ SERVICE = "trainer"
 REPO_ROOT = next((p for p in (Path(__file__).resolve().parents[3], Path.cwd())
                   if (p / "configs" / "train").is_dir()), Path.cwd())
 CONFIG_DIR = REPO_ROOT / "configs" / "train"
-DEFAULT_CONFIG = "smoke.yaml"
+DEFAULT_CONFIG = "finetune.yaml"
 WORK_DIR = REPO_ROOT / ".state" / "trainer"  # ignored by git
 MAX_RUN_S = 3 * 3600.0  # a run still going after this is terminated
+MODEL_PREFIX = "model:"
 
 
-def run_job(config_path: str, out_dir: str, runs_dir: str, result_path: str) -> None:
-    """Worker process: ``agmarl train``, then the outcome as JSON in ``result_path``.
+def run_job(config_path: str, incumbent: dict, experience_path: str, out_dir: str, runs_dir: str,
+            result_path: str, force: bool) -> None:
+    """Worker process: ``finetune.run_finetune``, its result (or the error) as JSON in ``result_path``.
 
     It leads its own process group, so stopping the run stops its rollout workers too (``_stop``)."""
-    from agmarl_trainer.cli import main
+    from agmarl_trainer.finetune import Incumbent, run_finetune, write_result
 
     os.setsid()
-
     try:
-        rc = main(["--config", config_path, "--out", out_dir, "--runs-dir", runs_dir])
-        body = {"rc": rc}
+        body = run_finetune(config_path, Incumbent(**incumbent), experience_path, out_dir, runs_dir, force=force)
     except Exception as err:  # reported to the requester as "failed"
         body = {"rc": 1, "error": f"{type(err).__name__}: {err}"}
-    Path(result_path).write_text(json.dumps(body))
+    write_result(result_path, body)
 
 
 def _stop(proc: multiprocessing.Process) -> None:
@@ -69,7 +81,7 @@ def _stop(proc: multiprocessing.Process) -> None:
 
 
 def config_for(req: m.TrainRequest) -> Path:
-    """The config file a request asks for (a name inside configs/train/), else the smoke config."""
+    """The config file a request asks for (a name inside configs/train/), else the fine-tuning config."""
     name = str(req.evidence.get("train_config", "") or DEFAULT_CONFIG)
     path = (CONFIG_DIR / Path(name).name)
     if path.suffix not in (".yaml", ".yml") or not path.is_file():
@@ -77,23 +89,40 @@ def config_for(req: m.TrainRequest) -> Path:
     return path
 
 
+def forced(req: m.TrainRequest) -> bool:
+    return req.evidence.get("force") in (True, "true", "1", 1)
+
+
+def verdict_detail(body: dict) -> str:
+    """One line: the gate's reason, then alloc_at_100 of every evaluated policy and the experience used."""
+    policies = body.get("evaluation", {}).get("policies", {})
+    scores = ", ".join(f"{name} {p.get('alloc_at_100', float('nan')):.3f}" for name, p in policies.items())
+    exp = body.get("experience", {})
+    return (f"promotion gate: {body['gate']['reason']}; alloc_at_100 {scores} (incumbent "
+            f"{body.get('incumbent', {}).get('policy', '?')}); experience samples {exp.get('samples', 0)} "
+            f"of {exp.get('transitions', 0)} transitions")
+
+
 class TrainerApp:
-    def __init__(self, rt: ServiceRuntime, settings: TrainerSettings):
+    def __init__(self, rt: ServiceRuntime, settings: TrainerSettings, work_dir: Path = WORK_DIR):
         self.rt = rt
         self.settings = settings
+        self.work_dir = Path(work_dir)
         self.requests = Counter("agmarl_trainer_requests_total", "Train requests received", ["status"],
                                 registry=rt.registry)
-        self.experience: deque[m.Experience] = deque(maxlen=settings.experience_buffer)
+        self.buffer = ExperienceBuffer(settings.experience_buffer, self.work_dir / "experience.jsonl")
         self.experience_total = Counter("agmarl_trainer_experience_total", "Experience transitions received",
                                         registry=rt.registry)
+        latest = self.work_dir / "latest_published"
+        self.latest = latest.read_text().strip() if latest.is_file() else ""  # newest version published here
         self.running: str = ""  # request id of the run in progress
         self.proc: multiprocessing.Process | None = None  # its process (the leader of its process group)
 
     async def on_experience(self, msg: m.Experience, ctx: HandlerContext) -> None:
-        """Keep recent transitions (bounded) for fine-tuning; the stream is durable, so none is lost
-        while the trainer is down."""
-        self.experience.append(msg)
-        self.experience_total.inc()
+        """Keep recent transitions (bounded, deduplicated by id, mirrored to a file) for fine-tuning; the
+        stream is durable, so none is lost while the trainer is down."""
+        if self.buffer.add(msg):
+            self.experience_total.inc()
 
     def answer(self, req: m.TrainRequest) -> tuple[m.TrainStatus, Path | None]:
         def status(s: str, detail: str) -> m.TrainStatus:
@@ -106,7 +135,7 @@ class TrainerApp:
             config = config_for(req)
         except ValueError as err:
             return status("rejected", f"{err}; reason given: {req.reason}"), None
-        return status("accepted", f"training with {config.name} (reason given: {req.reason})"), config
+        return status("accepted", f"fine-tuning with {config.name} (reason given: {req.reason})"), config
 
     async def on_request(self, req: m.TrainRequest, ctx: HandlerContext) -> m.TrainStatus:
         status, config = self.answer(req)
@@ -117,37 +146,93 @@ class TrainerApp:
         return status
 
     async def _status(self, req: m.TrainRequest, status: str, detail: str, version: str = "") -> None:
+        self.requests.labels(status=status).inc()
         await self.rt.publish(subjects.train_status(), m.TrainStatus(
             request_id=req.request_id, status=status, detail=detail, model_version=version, time=time.time()))
 
+    # --- the incumbent ---------------------------------------------------------------------------
+
+    async def model_dir(self, ref: str) -> Path | None:
+        """A model folder on disk (``default``, a version under models/ or .state/models/), else fetched from
+        the Object Store into ``<work>/models/<version>``; None when there is no such model."""
+        local = modelstore.local_dir(ref) or modelstore.local_dir(str(self.work_dir / "models" / ref))
+        if local is not None:
+            return local
+        try:
+            artifact = await modelstore.fetch_version(self.rt.bus, ref)
+        except modelstore.ModelNotFoundError:
+            return None
+        return modelstore.save(artifact, self.work_dir / "models")
+
+    async def incumbent(self) -> dict:
+        """What serves now, and the model folder the fine-tune starts from (see the module docstring)."""
+        raw = await self.rt.bus.kv_get(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY)
+        policy = ""
+        if raw:
+            try:
+                policy = m.decode(m.PolicySelection, raw).policy
+            except m.DecodeError as err:
+                self.rt.log.warning("active_policy in KV is not a selection (%s): ignored", err)
+        newest = self.latest or "default"
+        if policy and not policy.startswith(MODEL_PREFIX):  # a baseline serves: start from the newest model
+            path = await self.model_dir(newest)
+            return {"policy": policy, "model_dir": str(path or "")}
+        ref = policy[len(MODEL_PREFIX):]
+        ref = newest if ref in ("", "latest") else ref
+        path = await self.model_dir(ref)
+        if path is None:
+            raise LookupError(f"the serving model {ref!r} is neither on disk nor in the Object Store")
+        return {"policy": MODEL_PREFIX + ref, "model_dir": str(path)}
+
+    # --- the run ---------------------------------------------------------------------------------
+
     async def train(self, req: m.TrainRequest, config: Path) -> None:
-        work = WORK_DIR / req.request_id
+        work = self.work_dir / req.request_id
         out, result = work / "model", work / "result.json"
         work.mkdir(parents=True, exist_ok=True)
-        # not daemonic: the run starts its own rollout worker processes
-        proc = multiprocessing.get_context("spawn").Process(
-            target=run_job, args=(str(config), str(out), str(work / "runs"), str(result)))
-        self.proc = proc
+        proc = None
         try:
+            incumbent = await self.incumbent()
+            n = self.buffer.write(work / "experience.jsonl")
+            # not daemonic: the run starts its own rollout worker processes
+            proc = multiprocessing.get_context("spawn").Process(target=run_job, args=(
+                str(config), incumbent, str(work / "experience.jsonl"), str(out), str(work / "runs"), str(result),
+                forced(req)))
+            self.proc = proc
             proc.start()
-            await self._status(req, "running", f"training with {config.name} in process {proc.pid}")
+            await self._status(req, "running", f"fine-tuning {incumbent['policy']} with {config.name} and {n} "
+                                               f"transitions of experience in process {proc.pid}")
             deadline = time.monotonic() + MAX_RUN_S
             while proc.is_alive() and time.monotonic() < deadline:
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(0.5)
             body = json.loads(result.read_text()) if result.is_file() else {"rc": 1, "error": "no result"}
             if body.get("rc") != 0:
-                self.requests.labels(status="failed").inc()
                 await self._status(req, "failed", str(body.get("error", f"exit status {body.get('rc')}")))
                 return
-            version = await self.publish_model(out)
-            self.requests.labels(status="done").inc()
-            await self._status(req, "done", f"model {version} published", version)
+            await self.conclude(req, body, out, result)
         except Exception as err:
-            self.requests.labels(status="failed").inc()
             await self._status(req, "failed", f"{type(err).__name__}: {err}")
         finally:
-            _stop(proc)
+            if proc is not None:
+                _stop(proc)
             self.running, self.proc = "", None
+
+    async def conclude(self, req: m.TrainRequest, body: dict, out: Path, result: Path) -> None:
+        """Publish a promoted (or forced) candidate, else report the gate's refusal; the outcome goes into
+        result.json too."""
+        gate = body["gate"]
+        if not (gate["promote"] or gate.get("forced")) or not body.get("version"):
+            body["published"] = ""
+            result.write_text(json.dumps(body, indent=2, default=str) + "\n")
+            await self._status(req, "rejected", verdict_detail(body))
+            return
+        version = await self.publish_model(out)
+        self.latest = version
+        (self.work_dir / "latest_published").write_text(version + "\n")
+        body["published"] = version
+        result.write_text(json.dumps(body, indent=2, default=str) + "\n")
+        how = "published without the gate's approval (evidence force)" if gate.get("forced") else "published"
+        await self._status(req, "done", f"model {version} {how}; {verdict_detail(body)}", version)
 
     async def publish_model(self, model_dir: Path) -> str:
         """Every file of ``model_dir`` into the models bucket as <version>/<file>, then model_published."""
@@ -171,6 +256,7 @@ async def main() -> int:
     rt.handle_stream(subjects.EXPERIENCE, subjects.experience(settings.cluster), f"trainer-{subjects.token(settings.cluster)}",
                      m.Experience)(
         app.on_experience)
-    rt.health_details = lambda: {"experience_buffered": len(app.experience), "training": app.running}
+    rt.health_details = lambda: {"experience_buffered": len(app.buffer), "training": app.running,
+                                 "latest_published": app.latest}
     await rt.start()
     return await rt.run_until_stopped()

@@ -1,17 +1,24 @@
-"""The trainer service shell with a real nats-server: a train request runs the smoke config in a worker
-process, the model files land in the Object Store and model_published announces the version."""
+"""The trainer service shell with a real nats-server: a retrain request fine-tunes the serving model in a
+worker process from the experience the EXPERIENCE stream delivered plus the simulator, and the promotion
+gate decides: a better candidate lands in the Object Store and model_published announces it; one that is
+not better is reported "rejected" with the gate's reason and nothing is published."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import time
+import uuid
 
 from agmarl_common import messages as m
 from agmarl_common import subjects
 from agmarl_common.bus import Bus
+from agmarl_common.cluster.filters import feasible_nodes
+from agmarl_common.cluster.model import ClusterState, bind, state_to_dict, to_dict
 from agmarl_common.service import ServiceRuntime
-from agmarl_trainer.app import TrainerApp, config_for
+from agmarl_common.sim import synthetic
+from agmarl_trainer.app import TrainerApp, config_for, verdict_detail
 from agmarl_trainer.settings import TrainerSettings
 
 
@@ -20,8 +27,8 @@ def request(rid: str, **evidence) -> m.TrainRequest:
 
 
 def test_config_names_are_confined_to_configs_train():
-    assert config_for(request("a")).name == "smoke.yaml"
-    assert config_for(request("b", train_config="default.yaml")).name == "default.yaml"
+    assert config_for(request("a")).name == "finetune.yaml"
+    assert config_for(request("b", train_config="finetune_smoke.yaml")).name == "finetune_smoke.yaml"
     for bad in ("../../pyproject.toml", "nope.yaml"):
         try:
             config_for(request("c", train_config=bad))
@@ -30,49 +37,143 @@ def test_config_names_are_confined_to_configs_train():
         raise AssertionError(f"{bad} accepted")
 
 
-async def test_train_request_trains_and_publishes_a_model(nats_url):
-    settings = TrainerSettings(nats_url=nats_url, cluster="trainer-test")
-    rt = ServiceRuntime("trainer", settings)
-    app = TrainerApp(rt, settings)
-    rt.handle_request(subjects.train_request(), m.TrainRequest, m.TrainStatus)(app.on_request)
-    await rt.start()
-    bus = await Bus.connect(nats_url, name="test-trainer")
-    statuses: list[m.TrainStatus] = []
-    published: list[m.ModelPublished] = []
-    try:
+def test_verdict_detail_names_every_policy_and_the_reason():
+    body = {"gate": {"reason": "not better: alloc_at_100 90.000 vs incumbent 91.000"},
+            "incumbent": {"policy": "model:default"}, "experience": {"samples": 2, "transitions": 5},
+            "evaluation": {"policies": {"candidate": {"alloc_at_100": 90.0}, "incumbent": {"alloc_at_100": 91.0},
+                                        "fgd": {"alloc_at_100": 92.0}, "bestfit": {"alloc_at_100": 89.5}}}}
+    line = verdict_detail(body)
+    assert line.startswith("promotion gate: not better")
+    for part in ("candidate 90.000", "incumbent 91.000", "fgd 92.000", "bestfit 89.500", "model:default",
+                 "experience samples 2 of 5"):
+        assert part in line
+
+
+def recorded_decisions(cluster: str, n: int = 8) -> list[m.Experience]:
+    """Decisions on a small synthetic cluster as the scheduler would record them: the state before, the pod,
+    the node picked (the first feasible one), a reward."""
+    nodes = synthetic.synthetic_cluster(6, seed=3)
+    pods = synthetic.generate("diurnal", nodes, horizon_s=300, seed=3)
+    st, out = ClusterState.empty(nodes), []
+    for pod in pods:
+        cand = feasible_nodes(pod, st)
+        if not cand.size:
+            continue
+        node = st.nodes[int(cand[0])].name
+        out.append(m.Experience(id=f"{cluster}-{len(out)}", cluster=cluster,
+                                state={"cluster": state_to_dict(st), "pending": [to_dict(pod)]},
+                                action={"pod_key": pod.key, "node": node, "policy": "test"},
+                                reward=0.1 * (len(out) % 4), next_state={}, time=float(len(out))))
+        st = bind(st, pod, int(cand[0]), () if not pod.num_gpu else tuple(range(pod.num_gpu)))
+        if len(out) == n:
+            break
+    return out
+
+
+class Harness:
+    """A TrainerApp on a real nats-server, a test client, every train_status and model_published seen, and
+    KV active_policy set for the test (restored afterwards)."""
+
+    def __init__(self, nats_url: str, tmp_path, active_policy: str):
+        self.cluster = f"trainer-{uuid.uuid4().hex[:6]}"
+        self.settings = TrainerSettings(nats_url=nats_url, cluster=self.cluster)
+        self.rt = ServiceRuntime("trainer", self.settings)
+        self.app = TrainerApp(self.rt, self.settings, work_dir=tmp_path / "trainer")
+        self.active_policy = active_policy
+        self.statuses: list[m.TrainStatus] = []
+        self.published: list[m.ModelPublished] = []
+
+    async def __aenter__(self) -> "Harness":
+        self.rt.handle_request(subjects.train_request(), m.TrainRequest, m.TrainStatus)(self.app.on_request)
+        self.rt.handle_stream(subjects.EXPERIENCE, subjects.experience(self.cluster), f"trainer-{self.cluster}",
+                              m.Experience)(self.app.on_experience)
+        await self.rt.start()
+        self.bus = await Bus.connect(self.settings.nats_url, name="test-trainer")
+        self.previous = await self.bus.kv_get(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY)
+        await self.bus.kv_put(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY, m.PolicySelection(
+            policy=self.active_policy, reason="test", time=time.time()))
+
         async def on_status(msg):
-            statuses.append(m.decode(m.TrainStatus, msg.data))
+            self.statuses.append(m.decode(m.TrainStatus, msg.data))
 
         async def on_published(msg):
-            published.append(m.decode(m.ModelPublished, msg.data))
+            self.published.append(m.decode(m.ModelPublished, msg.data))
 
-        await bus.subscribe(subjects.train_status(), on_status)
-        await bus.subscribe(subjects.model_published(), on_published)
-        await bus.flush()
-        first = await bus.request(subjects.train_request(), request("r1"), m.TrainStatus, timeout=5)
-        second = await bus.request(subjects.train_request(), request("r2"), m.TrainStatus, timeout=5)
-        assert first.status == "accepted" and second.status == "rejected" and "r1" in second.detail
-        for _ in range(600):  # bounded: the smoke run takes well under two minutes (more on a busy machine)
-            if any(s.status in ("done", "failed") for s in statuses):
+        await self.bus.subscribe(subjects.train_status(), on_status)
+        await self.bus.subscribe(subjects.model_published(), on_published)
+        await self.bus.flush()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        kv = await self.bus.kv(subjects.CONFIG_BUCKET)
+        if self.previous:
+            await kv.put(subjects.KEY_ACTIVE_POLICY, self.previous)
+        else:
+            await kv.delete(subjects.KEY_ACTIVE_POLICY)
+        await self.bus.close()
+        await self.rt.shutdown()
+
+    async def run(self, rid: str, config: str) -> tuple[list[m.TrainStatus], dict]:
+        reply = await self.bus.request(subjects.train_request(), request(rid, train_config=config), m.TrainStatus,
+                                       timeout=5)
+        assert reply.status == "accepted", reply.detail
+        for _ in range(480):  # bounded: a smoke fine-tune takes well under a minute (more on a busy machine)
+            if any(s.request_id == rid and s.status in ("done", "rejected", "failed") for s in self.statuses):
                 break
-            await asyncio.sleep(0.5)
-        final = [s for s in statuses if s.request_id == "r1"]
+            await asyncio.sleep(0.25)
+        await asyncio.sleep(0.2)
+        result = self.app.work_dir / rid / "result.json"
+        return [s for s in self.statuses if s.request_id == rid], json.loads(result.read_text())
+
+
+async def test_a_candidate_that_is_not_better_is_not_published(nats_url, tmp_path):
+    # the shipped model serves; the dry-run config makes no optimisation step, so the candidate is the
+    # incumbent's own weights: evaluated on the same seeds it scores the same and the gate must refuse it
+    async with Harness(nats_url, tmp_path, "model:default") as h:
+        final, result = await h.run("worse", "finetune_dryrun.yaml")
+        assert [s.status for s in final] == ["accepted", "running", "rejected"], [s.detail for s in final]
+        assert "promotion gate: not better" in final[-1].detail and "fgd" in final[-1].detail
+        assert not h.published and not (h.app.work_dir / "worse" / "model" / "manifest.json").exists()
+        policies = result["evaluation"]["policies"]
+        assert set(policies) == {"candidate", "incumbent", "fgd", "bestfit"}
+        assert result["incumbent"]["policy"] == "model:default" and result["start_from"].endswith("model.pt")
+        assert policies["candidate"]["alloc_at_100"] == policies["incumbent"]["alloc_at_100"]  # started from it
+        assert result["gate"]["promote"] is False and result["published"] == ""
+        assert not h.app.running
+
+
+async def test_a_better_candidate_is_published_and_recorded_experience_is_used(nats_url, tmp_path):
+    # a weak baseline serves (random placement); the candidate starts from the newest model's weights
+    async with Harness(nats_url, tmp_path, "random") as h:
+        decisions = recorded_decisions(h.cluster)
+        for e in decisions:
+            await h.bus.js_publish(subjects.experience(h.cluster), e, msg_id=e.id)
+        for _ in range(100):  # bounded: the durable consumer delivers them
+            if len(h.app.buffer) == len(decisions):
+                break
+            await asyncio.sleep(0.1)
+        assert len(h.app.buffer) == len(decisions) == 8
+        final, result = await h.run("better", "finetune_smoke.yaml")
         assert [s.status for s in final] == ["accepted", "running", "done"], [s.detail for s in final]
-        assert published and published[0].version == final[-1].model_version
-        version = published[0].version
-        blob = await bus.object_get(subjects.MODELS_BUCKET, f"{version}/actor.onnx")
-        manifest = json.loads(await bus.object_get(subjects.MODELS_BUCKET, f"{version}/manifest.json"))
-        assert blob and manifest["version"] == version and manifest["files"]["actor.onnx"] == published[0].sha256
-        assert not app.running
-    finally:
-        await bus.close()
-        await rt.shutdown()
+        assert "8 transitions" in final[1].detail
+        policies = result["evaluation"]["policies"]
+        assert policies["candidate"]["alloc_at_100"] > policies["incumbent"]["alloc_at_100"]
+        assert result["gate"]["promote"] is True and result["incumbent"]["policy"] == "random"
+        assert result["experience"]["transitions"] == 8 and result["experience"]["samples"] > 0
+        assert result["simulator_samples"] > 0 and result["fit"]["steps"] > 0
+        assert h.published and h.published[0].version == final[-1].model_version == result["published"]
+        version = h.published[0].version
+        blob = await h.bus.object_get(subjects.MODELS_BUCKET, f"{version}/actor.onnx")
+        manifest = json.loads(await h.bus.object_get(subjects.MODELS_BUCKET, f"{version}/manifest.json"))
+        assert blob and manifest["version"] == version and manifest["files"]["actor.onnx"] == h.published[0].sha256
+        assert manifest["evaluation"]["verdict"]["promote"] is True
+        assert h.app.latest == version  # the next run's incumbent when no selection names another
 
 
-async def test_stopping_the_service_stops_the_run_and_its_workers(nats_url):
+async def test_stopping_the_service_stops_the_run_and_its_workers(nats_url, tmp_path):
     settings = TrainerSettings(nats_url=nats_url, cluster="trainer-stop")
     rt = ServiceRuntime("trainer", settings)
-    app = TrainerApp(rt, settings)
+    app = TrainerApp(rt, settings, work_dir=tmp_path / "trainer")
     rt.handle_request(subjects.train_request(), m.TrainRequest, m.TrainStatus)(app.on_request)
     await rt.start()
     bus = await Bus.connect(nats_url, name="test-trainer-stop")
@@ -106,3 +207,10 @@ def _state(pid: int) -> str:
         return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "gone"
+
+
+def test_force_is_read_from_the_evidence():
+    from agmarl_trainer.app import forced
+
+    assert forced(request("f", force=True)) and forced(request("g", force="true"))
+    assert not forced(request("h")) and not forced(request("i", force=False)) and not forced(request("j", force="no"))

@@ -1,0 +1,185 @@
+"""Recorded experience -> fine-tuning data, and the bounded buffer the trainer keeps it in.
+
+An ``Experience`` (reward-calculator -> EXPERIENCE stream) is usable for fine-tuning when it says what
+the scheduler saw and what it did:
+
+    state["cluster"]   the cluster before the decision, ``cluster.model.state_to_dict`` form (a state
+                       dict with ``nodes`` at top level is accepted too)
+    action["pod"]      the pod placed (``to_dict`` form); else the pod whose key is ``action["pod_key"]``
+                       among ``state["pending"]`` (``ClusterSnapshot.pending`` form)
+    action["node"]     the node it was bound to (a name)
+
+Use (``experience_samples``): the decisions whose reward is at or above the median reward of the usable
+transitions become imitation samples: the graph of that one pending pod (``features.build_graph``, the
+code serving uses) labelled with the node it was bound to. Transitions that carry no cluster state (the
+reward-calculator today sends utilisation counters only), name an unknown pod, or a node the hard filter
+rejects are counted by reason and not used. Everything here but ``ExperienceBuffer`` is pure.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from agmarl_common import messages as m
+from agmarl_common.cluster.filters import feasible_nodes
+from agmarl_common.cluster.model import ClusterState, Pod, pod_from_dict, state_from_dict
+from agmarl_common.features import FeatureContext, build_graph
+from agmarl_trainer.rollout import Sample
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One recorded decision, decoded: the pod, the cluster it saw, its feasible nodes and the pick."""
+
+    state: ClusterState
+    pod: Pod
+    candidates: np.ndarray  # (C,) int64 feasible node indexes, ascending
+    choice: int  # position of the chosen node in ``candidates``
+    reward: float
+    workload: tuple[Pod, ...]  # the pods the cluster runs and waits for (fragmentation target)
+
+
+def _cluster_dict(state: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    cluster = state.get("cluster")
+    if isinstance(cluster, Mapping) and "nodes" in cluster:
+        return cluster
+    return state if "nodes" in state else None
+
+
+def _placed_pod(state: Mapping[str, Any], action: Mapping[str, Any]) -> Pod | None:
+    if isinstance(action.get("pod"), Mapping):
+        return pod_from_dict(action["pod"])
+    key = action.get("pod_key", "")
+    for raw in state.get("pending", ()) or ():
+        pod = pod_from_dict(raw)
+        if pod.key == key:
+            return pod
+    return None
+
+
+def decode_decision(exp: m.Experience) -> tuple[Decision | None, str]:
+    """(decision, "") or (None, reason) with reason one of: no_cluster_state, unknown_pod, unknown_node,
+    infeasible_node, invalid."""
+    cluster = _cluster_dict(exp.state)
+    if cluster is None:
+        return None, "no_cluster_state"
+    try:
+        state = state_from_dict(cluster)
+        pod = _placed_pod(exp.state, exp.action)
+        pending = tuple(pod_from_dict(p) for p in exp.state.get("pending", ()) or ())
+    except (TypeError, ValueError, KeyError):
+        return None, "invalid"
+    if pod is None:
+        return None, "unknown_pod"
+    node = str(exp.action.get("node", ""))
+    if node not in state.index:
+        return None, "unknown_node"
+    pod = replace(pod, node_name="", gpu_devices=())  # as it was while pending
+    cand = feasible_nodes(pod, state)
+    hit = np.flatnonzero(cand == state.index[node])
+    if hit.size == 0:
+        return None, "infeasible_node"
+    workload = tuple(state.all_pods()) + tuple(p for p in pending if p.key != pod.key) + (pod,)
+    return Decision(state, pod, cand, int(hit[0]), float(exp.reward), workload), ""
+
+
+def reward_threshold(rewards: Sequence[float], quantile: float = 0.5) -> float:
+    """The reward a decision must reach to be imitated (the median by default); +inf when none."""
+    return float(np.quantile(np.asarray(rewards, float), quantile)) if len(rewards) else float("inf")
+
+
+def experience_samples(transitions: Iterable[m.Experience], quantile: float = 0.5,
+                       max_samples: int = 0) -> tuple[list[Sample], dict[str, int]]:
+    """Imitation samples from the decisions at or above the ``quantile`` of reward, and counts by outcome
+    (``used``, ``below_threshold`` and the ``decode_decision`` reasons). ``max_samples`` > 0 keeps the most
+    recent ones."""
+    counts: dict[str, int] = {}
+    decisions: list[Decision] = []
+    for exp in transitions:
+        d, why = decode_decision(exp)
+        if d is None:
+            counts[why] = counts.get(why, 0) + 1
+        else:
+            decisions.append(d)
+    cut = reward_threshold([d.reward for d in decisions], quantile)
+    kept = [d for d in decisions if d.reward >= cut]
+    if max_samples > 0:
+        kept = kept[-max_samples:]
+    counts["below_threshold"] = len(decisions) - len([d for d in decisions if d.reward >= cut])
+    counts["used"] = len(kept)
+    return [decision_sample(d) for d in kept], counts
+
+
+def decision_sample(d: Decision) -> Sample:
+    """The graph of the one pending pod on the state it saw, labelled with the candidate it was bound to."""
+    graph = build_graph([d.pod], d.state, [d.candidates], FeatureContext.from_workload(d.workload))
+    return Sample(graph, np.array([d.choice], np.int64), reward=d.reward)
+
+
+# ---------------------------------------------------------------------------------------------
+# The buffer (the trainer service's state; file I/O)
+
+
+class ExperienceBuffer:
+    """The last ``capacity`` transitions (deduplicated by id), mirrored to a JSONL file so a restart keeps
+    them. The file is rewritten with the kept transitions when it holds twice as many lines."""
+
+    def __init__(self, capacity: int, path: Path | None = None):
+        self.capacity = max(1, capacity)
+        self.path = path
+        self.items: OrderedDict[str, m.Experience] = OrderedDict()
+        self._lines = 0
+        if path is not None and path.is_file():
+            for line in path.read_text().splitlines():
+                try:
+                    self._keep(m.Experience.model_validate(json.loads(line)))
+                except ValueError:
+                    continue  # a torn last line after a crash
+                self._lines += 1
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def _keep(self, exp: m.Experience) -> bool:
+        if exp.id in self.items:
+            return False
+        self.items[exp.id] = exp
+        while len(self.items) > self.capacity:
+            self.items.popitem(last=False)
+        return True
+
+    def add(self, exp: m.Experience) -> bool:
+        """Keep one transition (False when its id is already kept)."""
+        if not self._keep(exp):
+            return False
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a") as f:
+                f.write(exp.model_dump_json() + "\n")
+            self._lines += 1
+            if self._lines > 2 * self.capacity:
+                self.write(self.path)
+                self._lines = len(self.items)
+        return True
+
+    def write(self, path: Path) -> int:
+        """Every kept transition, oldest first, as JSONL (atomic replace); returns how many."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text("".join(e.model_dump_json() + "\n" for e in self.items.values()))
+        tmp.replace(path)
+        return len(self.items)
+
+
+def read_experience(path: str | Path) -> list[m.Experience]:
+    """Transitions of a JSONL file (what ``ExperienceBuffer.write`` wrote); a missing file is empty."""
+    p = Path(path)
+    if not p.is_file():
+        return []
+    return [m.Experience.model_validate(json.loads(line)) for line in p.read_text().splitlines() if line.strip()]

@@ -1,0 +1,107 @@
+"""Recorded experience -> imitation samples (tiny literal clusters), and the bounded, persisted buffer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agmarl_common import messages as m
+from agmarl_common.cluster.model import ClusterState, Node, Pod, bind, state_to_dict, to_dict
+from agmarl_trainer.experience import ExperienceBuffer, decode_decision, experience_samples, read_experience, \
+    reward_threshold
+
+NODES = (Node("small", cpu_milli=1000, memory_mib=1024), Node("big", cpu_milli=8000, memory_mib=16384),
+         Node("gpu", cpu_milli=8000, memory_mib=16384, gpu_count=2, gpu_model="V100"))
+WEB = Pod("web", cpu_milli=500, memory_mib=512)
+HUGE = Pod("huge", cpu_milli=4000, memory_mib=4096)
+
+
+def state(bound: tuple[tuple[Pod, int], ...] = ()) -> ClusterState:
+    s = ClusterState.empty(NODES)
+    for pod, i in bound:
+        s = bind(s, pod, i)
+    return s
+
+
+def exp(i: int, pod: Pod, node: str, reward: float, st: dict | None = None, with_pod: bool = True) -> m.Experience:
+    st = {"cluster": state_to_dict(state(((Pod("old", 200, 256), 1),))), "pending": [to_dict(pod)]} \
+        if st is None else st
+    action = {"pod_key": pod.key, "node": node, **({"pod": to_dict(pod)} if with_pod else {})}
+    return m.Experience(id=f"e{i}", cluster="t", state=st, action=action, reward=reward, next_state={}, time=float(i))
+
+
+@pytest.mark.parametrize("e,why", [
+    (exp(0, WEB, "big", 0.5, st={"util_cpu": 0.4, "bound": 3.0}), "no_cluster_state"),  # what stats-only carries
+    (exp(1, WEB, "big", 0.5, st={"cluster": state_to_dict(state()), "pending": []}, with_pod=False), "unknown_pod"),
+    (exp(2, WEB, "nowhere", 0.5), "unknown_node"),
+    (exp(3, HUGE, "small", 0.5), "infeasible_node"),  # the hard filter rejects the recorded pick
+    (exp(4, WEB, "big", 0.5, st={"cluster": {"nodes": [{"name": "x", "cpu_milli": "bad", "oops": 1}]}}), "invalid"),
+])
+def test_unusable_transitions_say_why(e, why):
+    d, reason = decode_decision(e)
+    assert d is None and reason == why
+
+
+def test_a_decision_decodes_to_its_candidates_and_choice():
+    d, why = decode_decision(exp(0, HUGE, "gpu", 0.7, with_pod=False))  # pod found among pending by key
+    assert why == "" and d is not None
+    assert [NODES[i].name for i in d.candidates] == ["big", "gpu"]  # 'small' cannot hold it
+    assert NODES[d.candidates[d.choice]].name == "gpu" and d.reward == 0.7
+    assert {p.name for p in d.workload} == {"old", "huge"}
+
+
+def test_state_dict_at_top_level_is_accepted():
+    d, why = decode_decision(exp(0, WEB, "small", 0.1, st={**state_to_dict(state()), "pending": []}))
+    assert why == "" and NODES[d.candidates[d.choice]].name == "small"
+
+
+def test_decisions_at_or_above_the_median_reward_become_labelled_samples():
+    es = [exp(0, WEB, "small", 0.1), exp(1, WEB, "big", 0.9), exp(2, HUGE, "gpu", 0.5),
+          exp(3, WEB, "big", 0.2, st={"util_cpu": 0.3})]
+    samples, counts = experience_samples(es)
+    assert counts == {"no_cluster_state": 1, "below_threshold": 1, "used": 2}
+    picked = []
+    for s in samples:
+        g = s.graph
+        assert g.n_pods == 1 and s.action.shape == (1,)
+        picked.append(NODES[int(g.cand_node[s.action[0]])].name)
+    assert picked == ["big", "gpu"]  # the 0.9 and 0.5 decisions, in order; the 0.1 one is left out
+    assert [s.reward for s in samples] == [0.9, 0.5]
+
+
+def test_max_samples_keeps_the_most_recent():
+    es = [exp(i, WEB, "big", 1.0) for i in range(5)]
+    samples, counts = experience_samples(es, max_samples=2)
+    assert len(samples) == 2 and counts["used"] == 2
+
+
+@pytest.mark.parametrize("rewards,quantile,cut", [([], 0.5, float("inf")), ([3.0, 1.0, 2.0], 0.5, 2.0),
+                                                   ([1.0, 1.0], 0.5, 1.0), ([0.0, 10.0], 0.0, 0.0)])
+def test_reward_threshold(rewards, quantile, cut):
+    assert reward_threshold(rewards, quantile) == cut
+
+
+def test_buffer_is_bounded_deduplicated_and_survives_a_restart(tmp_path):
+    path = tmp_path / "experience.jsonl"
+    buf = ExperienceBuffer(3, path)
+    assert [buf.add(exp(i, WEB, "big", float(i))) for i in (0, 1, 1, 2, 3)] == [True, True, False, True, True]
+    assert [e.id for e in buf.items.values()] == ["e1", "e2", "e3"]
+    again = ExperienceBuffer(3, path)  # a restart reads the file
+    assert [e.id for e in again.items.values()] == ["e1", "e2", "e3"]
+    for i in range(4, 12):  # the file is compacted, never more than 2 x capacity lines
+        again.add(exp(i, WEB, "big", float(i)))
+        assert len(path.read_text().splitlines()) <= 6
+    assert [e.id for e in ExperienceBuffer(3, path).items.values()] == ["e9", "e10", "e11"]
+    assert again.write(tmp_path / "copy.jsonl") == 3
+    copy = read_experience(tmp_path / "copy.jsonl")
+    assert [e.id for e in copy] == ["e9", "e10", "e11"] and copy[0].action["node"] == "big"
+    assert read_experience(tmp_path / "missing.jsonl") == []
+
+
+def test_a_torn_last_line_is_skipped(tmp_path):
+    path = tmp_path / "experience.jsonl"
+    ExperienceBuffer(5, path).add(exp(0, WEB, "big", 1.0))
+    with path.open("a") as f:
+        f.write('{"id": "e1", "clus')
+    assert len(ExperienceBuffer(5, path)) == 1
+    assert np.isfinite(reward_threshold([1.0]))
