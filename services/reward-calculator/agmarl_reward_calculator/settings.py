@@ -10,6 +10,7 @@ from agmarl_common.settings import CommonSettings
 
 class RewardSettings(CommonSettings):
     max_waiting: int = 10_000  # decisions kept while waiting for a later snapshot
+    experience_max_bytes: int = 256 * 1024  # an experience over this is sent without its cluster state
     scheme: str = "fixed"  # reward weighting scheme: fixed | load_conditional | lexicographic
     load_threshold: float = 0.6  # load_conditional: balance weighted up below, utilisation above
     stress_load: float = 0.75  # lexicographic: SLA gets its own tier at or above this load ...

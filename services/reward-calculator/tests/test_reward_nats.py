@@ -65,5 +65,8 @@ async def test_components_scheme_and_experience_dedup(nats_url, service_processe
             pass
         await sub.unsubscribe()
         assert [e.id for e in got] == ["dedup-1"]
+        # the first delivery came before any snapshot: the transition says it lacks the cluster it was made on
+        assert got[0].state["missing"] == "no_snapshot" and got[0].action["node"] == "a"
+        assert got[0].action["pod"]["name"] == "p" and got[0].next_state["snapshot_seq"] == 1
     finally:
         await bus.close()

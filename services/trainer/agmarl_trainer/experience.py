@@ -3,8 +3,10 @@
 An ``Experience`` (reward-calculator -> EXPERIENCE stream) is usable for fine-tuning when it says what
 the scheduler saw and what it did:
 
-    state["cluster"]   the cluster before the decision, ``cluster.model.state_to_dict`` form (a state
-                       dict with ``nodes`` at top level is accepted too)
+    state["cluster"]   the cluster before the decision: the compact form the reward-calculator sends
+                       (``cluster.compact``: nodes, bound pods as shared specs, the other pending pods), or
+                       ``cluster.model.state_to_dict`` form (a state dict with ``nodes`` at top level is
+                       accepted too) with the pending pods in ``state["pending"]``
     action["pod"]      the pod placed (``to_dict`` form); else the pod whose key is ``action["pod_key"]``
                        among ``state["pending"]`` (``ClusterSnapshot.pending`` form)
     action["node"]     the node it was bound to (a name)
@@ -12,8 +14,9 @@ the scheduler saw and what it did:
 Use (``experience_samples``): the decisions whose reward is at or above the median reward of the usable
 transitions become imitation samples: the graph of that one pending pod (``features.build_graph``, the
 code serving uses) labelled with the node it was bound to. Transitions that carry no cluster state (the
-reward-calculator today sends utilisation counters only), name an unknown pod, or a node the hard filter
-rejects are counted by reason and not used. Everything here but ``ExperienceBuffer`` is pure.
+reward-calculator leaves it out when it had no snapshot before the decision or the state was too large),
+name an unknown pod, or a node the hard filter rejects are counted by reason and not used. Everything
+here but ``ExperienceBuffer`` is pure.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from agmarl_common import messages as m
+from agmarl_common.cluster.compact import is_compact, state_from_compact
 from agmarl_common.cluster.filters import feasible_nodes
 from agmarl_common.cluster.model import ClusterState, Pod, pod_from_dict, state_from_dict
 from agmarl_common.features import FeatureContext, build_graph
@@ -52,6 +56,14 @@ def _cluster_dict(state: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return state if "nodes" in state else None
 
 
+def _cluster_and_pending(state: Mapping[str, Any],
+                         cluster: Mapping[str, Any]) -> tuple[ClusterState, tuple[Pod, ...]]:
+    """The cluster state and the pods waiting besides the one placed (compact or ``state_to_dict`` form)."""
+    if is_compact(cluster):
+        return state_from_compact(cluster)
+    return state_from_dict(cluster), tuple(pod_from_dict(p) for p in state.get("pending", ()) or ())
+
+
 def _placed_pod(state: Mapping[str, Any], action: Mapping[str, Any]) -> Pod | None:
     if isinstance(action.get("pod"), Mapping):
         return pod_from_dict(action["pod"])
@@ -70,9 +82,8 @@ def decode_decision(exp: m.Experience) -> tuple[Decision | None, str]:
     if cluster is None:
         return None, "no_cluster_state"
     try:
-        state = state_from_dict(cluster)
+        state, pending = _cluster_and_pending(exp.state, cluster)
         pod = _placed_pod(exp.state, exp.action)
-        pending = tuple(pod_from_dict(p) for p in exp.state.get("pending", ()) or ())
     except (TypeError, ValueError, KeyError):
         return None, "invalid"
     if pod is None:

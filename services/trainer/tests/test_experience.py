@@ -1,12 +1,20 @@
-"""Recorded experience -> imitation samples (tiny literal clusters), and the bounded, persisted buffer."""
+"""Recorded experience -> imitation samples (tiny literal clusters), the bounded, persisted buffer, and
+live experience: what the reward-calculator process publishes on a real nats-server decodes into samples."""
 
 from __future__ import annotations
+
+import asyncio
+import time
 
 import numpy as np
 import pytest
 
 from agmarl_common import messages as m
-from agmarl_common.cluster.model import ClusterState, Node, Pod, bind, state_to_dict, to_dict
+from agmarl_common import subjects
+from agmarl_common.bus import Bus
+from agmarl_common.cluster.compact import compact_state
+from agmarl_common.cluster.model import ClusterState, Node, Pod, bind, state_from_dict, state_to_dict, to_dict
+from agmarl_common.testing import wait_healthy
 from agmarl_trainer.experience import ExperienceBuffer, decode_decision, experience_samples, read_experience, \
     reward_threshold
 
@@ -53,6 +61,34 @@ def test_a_decision_decodes_to_its_candidates_and_choice():
 def test_state_dict_at_top_level_is_accepted():
     d, why = decode_decision(exp(0, WEB, "small", 0.1, st={**state_to_dict(state()), "pending": []}))
     assert why == "" and NODES[d.candidates[d.choice]].name == "small"
+
+
+def compact_exp(pod: Pod, node: str, cluster: dict | None = None) -> m.Experience:
+    """What the reward-calculator sends: the compact cluster (``old`` bound, ``web`` also waiting) and the pod."""
+    cluster = compact_state(state(((Pod("old", 200, 256), 1),)), (WEB, pod), without=pod.key) \
+        if cluster is None else cluster
+    return m.Experience(id="c", cluster="t", state={"cluster": cluster, "snapshot_seq": 1},
+                        action={"pod_key": pod.key, "node": node, "pod": to_dict(pod)}, reward=0.4,
+                        next_state={"snapshot_seq": 2}, time=1.0)
+
+
+def test_the_compact_form_of_the_reward_calculator_decodes():
+    d, why = decode_decision(m.decode(m.Experience, m.encode(compact_exp(HUGE, "gpu"))))
+    assert why == "" and [NODES[i].name for i in d.candidates] == ["big", "gpu"]
+    assert NODES[d.candidates[d.choice]].name == "gpu" and d.state.pods_used.tolist() == [0, 1, 0]
+    assert sorted((p.cpu_milli, p.memory_mib) for p in d.workload) == [(200, 256), (500, 512), (4000, 4096)]
+    samples, counts = experience_samples([compact_exp(HUGE, "gpu"), compact_exp(WEB, "small")], quantile=0.0)
+    assert counts["used"] == 2 and [NODES[int(s.graph.cand_node[s.action[0]])].name for s in samples] == \
+        ["gpu", "small"]
+
+
+@pytest.mark.parametrize("e,why", [
+    (compact_exp(HUGE, "small"), "infeasible_node"),
+    (compact_exp(HUGE, "gpu", cluster={"format": "agmarl.compact/1", "nodes": {"n": 1}}), "invalid"),
+    (compact_exp(HUGE, "gpu", cluster={**compact_state(state()), "bound": [[99 << 8], [], []]}), "invalid"),
+])
+def test_unusable_compact_transitions_say_why(e, why):
+    assert decode_decision(e) == (None, why)
 
 
 def test_decisions_at_or_above_the_median_reward_become_labelled_samples():
@@ -105,3 +141,71 @@ def test_a_torn_last_line_is_skipped(tmp_path):
         f.write('{"id": "e1", "clus')
     assert len(ExperienceBuffer(5, path)) == 1
     assert np.isfinite(reward_threshold([1.0]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Live experience: the reward-calculator process on a real nats-server, read back from the stream
+
+LIVE = "exp-live"
+
+
+def live_snapshot(seq: int, bound: tuple[tuple[Pod, int, tuple], ...], pending: tuple[Pod, ...]) -> m.ClusterSnapshot:
+    s = state()
+    for pod, i, gpus in bound:
+        s = bind(s, pod, i, gpus)
+    return m.ClusterSnapshot(cluster=LIVE, seq=seq, time=float(seq), state=state_to_dict(s),
+                             pending=[to_dict(p) for p in pending], stats={"bound": float(len(bound)), "pending": 0.0})
+
+
+def live_decision(i: int, pod: Pod, node: str) -> m.Decision:
+    now = time.time() - 1.0
+    return m.Decision(decision_id=f"live-{i}", cluster=LIVE, namespace="default", pod_key=pod.key, node=node,
+                      policy="fgd", mode="full", seen_at=now, decided_at=now)
+
+
+async def test_live_experience_from_the_reward_calculator_becomes_samples(nats_url, service_processes):
+    share = Pod("share", 1000, 1024, num_gpu=1, gpu_milli=500)
+    steps = [  # (snapshot the decision is made on, the decision): WEB -> small, HUGE -> big, share -> gpu
+        (live_snapshot(1, (), (WEB, HUGE, share)), live_decision(0, WEB, "small")),
+        (live_snapshot(2, ((WEB, 0, ()),), (HUGE, share)), live_decision(1, HUGE, "big")),
+        (live_snapshot(3, ((WEB, 0, ()), (HUGE, 1, ())), (share,)), live_decision(2, share, "gpu")),
+    ]
+    final = live_snapshot(4, ((WEB, 0, ()), (HUGE, 1, ()), (share, 2, (0,))), ())
+    bus = await Bus.connect(nats_url, name="test-live-experience")
+    try:
+        await bus.ensure_streams()
+        proc = service_processes("agmarl_reward_calculator", env={"NATS_URL": nats_url, "AGMARL_CLUSTER": LIVE})
+        await wait_healthy(bus, "reward-calculator", timeout=30, proc=proc)
+        for snap, dec in steps:
+            await bus.publish(subjects.snapshot(LIVE), snap)
+            await bus.flush()
+            await asyncio.sleep(0.3)  # the decision is made on this snapshot
+            await bus.js_publish(subjects.decision(LIVE, "default"), dec)
+            await asyncio.sleep(0.3)
+        await bus.publish(subjects.snapshot(LIVE), final)
+        await bus.flush()
+        got: list[m.Experience] = []
+        sub = await bus.js.subscribe(subjects.experience(LIVE), ordered_consumer=True)
+        try:
+            for _ in range(100):  # bounded: up to ~10 s for the three transitions
+                if len(got) == 3:
+                    break
+                try:
+                    got.append(m.decode(m.Experience, (await sub.next_msg(timeout=0.1)).data))
+                except asyncio.TimeoutError:
+                    continue
+        finally:
+            await sub.unsubscribe()
+        assert [e.id for e in got] == ["live-0", "live-1", "live-2"], proc.output()[-3000:]
+        for e, (snap, dec) in zip(got, steps):
+            d, why = decode_decision(e)
+            assert why == "" and d is not None, e.state.get("missing")
+            assert d.pod.key == dec.pod_key and NODES[d.candidates[d.choice]].name == dec.node
+            assert d.state.pods_used.tolist() == state_from_dict(snap.state).pods_used.tolist()  # what it saw
+        samples, counts = experience_samples(got, quantile=0.0)
+        assert counts["used"] == 3 and len(samples) == 3
+        labels = [NODES[int(s.graph.cand_node[s.action[0]])].name for s in samples]
+        assert labels == ["small", "big", "gpu"]
+        assert all(s.graph.n_nodes == len(NODES) and s.graph.n_pods == 1 for s in samples)
+    finally:
+        await bus.close()

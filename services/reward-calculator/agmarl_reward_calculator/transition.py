@@ -1,0 +1,103 @@
+"""Experience transitions: what the trainer needs to learn from one decision. Pure (no I/O, no clock).
+
+A decision is paired with the last snapshot received before it (the cluster it was made on) and the
+first snapshot after it (the one it is rewarded on). The transition carries:
+
+    state       {"cluster": compact state (``agmarl_common.cluster.compact``) of the snapshot before, the
+                 decided pod left out (it was still pending), "snapshot_seq", "time", "stats"}
+    action      {"pod": the decided pod (``to_dict`` form, as pending), "pod_key", "node", "gpus", "policy",
+                 "score"}
+    reward      the total reward
+    next_state  a reference to the snapshot after: {"snapshot_seq", "time", "stats"}; its cluster is the
+                ``state`` of the transitions decided on it
+
+The pod comes from the snapshot before (pending, or already bound when that snapshot raced ahead of the
+decision), else from the snapshot after. What could not be included is named in ``state["missing"]``
+(no_snapshot | invalid_state | oversized) and the action has no ``pod`` when none was found: the trainer
+counts such transitions as unusable instead of guessing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agmarl_common import messages as m
+from agmarl_common.cluster.compact import compact_dict, drop_pending, pod_key_of
+
+_BOUND = -1  # position of a pod found bound, not pending
+
+
+class SnapshotView:
+    """One snapshot with what transitions need from it, computed once: its pods by key, its compact state."""
+
+    def __init__(self, msg: m.ClusterSnapshot):
+        self.msg = msg
+        self._pods: dict[str, tuple[dict[str, Any], int]] | None = None
+        self._compact: dict[str, Any] | None = None
+
+    @property
+    def seq(self) -> int:
+        return self.msg.seq
+
+    def reference(self) -> dict[str, Any]:
+        return {"snapshot_seq": self.msg.seq, "time": self.msg.time, "stats": dict(self.msg.stats)}
+
+    def pod(self, key: str) -> tuple[dict[str, Any], int] | None:
+        """(pod dict, position among pending or -1 when bound) of pod ``key``; None when absent."""
+        if self._pods is None:
+            pods: dict[str, tuple[dict[str, Any], int]] = {}
+            for row in self.msg.state.get("bound") or ():
+                for p in row:
+                    pods[pod_key_of(p)] = (p, _BOUND)
+            for k, p in enumerate(self.msg.pending):
+                pods[pod_key_of(p)] = (p, k)
+            self._pods = pods
+        return self._pods.get(key)
+
+    def compact_without(self, key: str) -> dict[str, Any]:
+        """The compact state of this snapshot with pod ``key`` left out (as it was before being placed)."""
+        if self._compact is None:
+            self._compact = compact_dict(self.msg.state, self.msg.pending)
+        found = self.pod(key)
+        if found is None:
+            return self._compact
+        if found[1] == _BOUND:  # the snapshot already shows the pod bound: rebuild without it (rare)
+            return compact_dict(self.msg.state, self.msg.pending, without=key)
+        return drop_pending(self._compact, found[1])
+
+
+def placed_pod(key: str, before: SnapshotView | None, after: SnapshotView) -> dict[str, Any] | None:
+    """The decided pod as it was while pending (no node, no devices), from the snapshot before or after."""
+    for view in (before, after):
+        found = view.pod(key) if view is not None else None
+        if found is not None:
+            return {k: v for k, v in found[0].items() if k not in ("node_name", "gpu_devices")}
+    return None
+
+
+def experience(d: m.Decision, before: SnapshotView | None, after: SnapshotView, reward: float,
+               max_bytes: int) -> tuple[m.Experience, str]:
+    """The transition of decision ``d`` and what is missing from it ("" when complete). When the encoded
+    message would exceed ``max_bytes``, the cluster state is left out (``missing`` = oversized)."""
+    state: dict[str, Any] = before.reference() if before is not None else {}
+    missing = "" if before is not None else "no_snapshot"
+    if before is not None:
+        try:
+            state["cluster"] = before.compact_without(d.pod_key)
+        except (TypeError, ValueError, KeyError, AttributeError):
+            missing = "invalid_state"
+    action: dict[str, Any] = {"pod_key": d.pod_key, "node": d.node, "gpus": list(d.gpus), "policy": d.policy,
+                              "score": d.score}
+    pod = placed_pod(d.pod_key, before, after)
+    if pod is not None:
+        action["pod"] = pod
+    elif not missing:
+        missing = "unknown_pod"
+    exp = m.Experience(id=d.decision_id, cluster=d.cluster, state=state, action=action, reward=reward,
+                       next_state=after.reference(), time=after.msg.time)
+    if "cluster" in state and len(m.encode(exp)) > max_bytes:
+        state = {k: v for k, v in state.items() if k != "cluster"}
+        exp, missing = exp.model_copy(update={"state": state}), "oversized"
+    if missing:
+        exp.state["missing"] = missing
+    return exp, missing
