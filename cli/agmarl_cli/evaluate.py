@@ -55,6 +55,7 @@ class EvalSpec:
     ratio: float = 1.3  # inflation target, x GPU capacity
     horizon_s: float = 3600.0  # dynamic run length; also sizes synthetic workloads
     record_every_s: float = 30.0  # dynamic record interval
+    tie_break: str = "node-order"  # inflation: "node-order" (the paper's simulator) | "random" (kube-scheduler)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -126,6 +127,8 @@ def check_spec(spec: EvalSpec) -> None:
     """Everything a job needs, loaded once here so bad input fails before any run starts."""
     if spec.protocol not in PROTOCOLS:
         raise EvalError(f"unknown protocol {spec.protocol!r}; known: {', '.join(PROTOCOLS)}")
+    if spec.tie_break not in ("node-order", "random"):
+        raise EvalError(f"--tie-break must be node-order or random, not {spec.tie_break!r}")
     if not spec.ratio > 0 or not spec.horizon_s > 0 or not spec.record_every_s > 0:
         raise EvalError("--ratio, --horizon and --record-every must be > 0")
     kind, _, ref = spec.workload.partition(":")
@@ -212,7 +215,8 @@ def run_job(spec: EvalSpec, policy_name: str, seed: int) -> dict[str, Any]:
 
 
 def _inflation_job(spec: EvalSpec, nodes, pods, policy: Policy, seed: int) -> dict[str, Any]:
-    res = run_inflation(nodes, pods, policy, np.random.default_rng(seed), ratio=spec.ratio)
+    res = run_inflation(nodes, pods, policy, np.random.default_rng(seed), ratio=spec.ratio,
+                        tie_break=spec.tie_break)
     curves = {"allocation": res.allocation_curve(), "frag": res.frag_curve(), "frag_ratio": res.frag_ratio_curve()}
     m = {"pods": float(len(res.pods)), "scheduled": float(res.scheduled), "failed": float(res.failed)}
     for pct in (100, MAX_ARRIVED_PCT):

@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--nodes", default="", help="openb | openb:all | synthetic:<n> | <node csv path> "
                     "(default: openb GPU nodes for openb workloads, synthetic:50 otherwise)")
     ev.add_argument("--ratio", type=float, default=1.3, help="inflation: target GPU requests x capacity")
+    ev.add_argument("--tie-break", default="node-order", choices=("node-order", "random"),
+                    help="inflation: equal scores go to the first node of a per-run random order (the FGD "
+                    "paper's simulator, default) or to a uniformly random one (kube-scheduler's selectHost)")
     ev.add_argument("--horizon", type=float, default=3600.0, metavar="S",
                     help="dynamic: simulated seconds (also sizes synthetic workloads)")
     ev.add_argument("--record-every", type=float, default=30.0, metavar="S", help="dynamic: record interval")
@@ -100,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "eval":
         from agmarl_cli.evaluate import EvalSpec, eval_command  # noqa: PLC0415
         spec = EvalSpec(protocol=args.protocol, workload=args.workload, nodes=args.nodes, ratio=args.ratio,
-                        horizon_s=args.horizon, record_every_s=args.record_every)
+                        horizon_s=args.horizon, record_every_s=args.record_every, tie_break=args.tie_break)
         return eval_command(spec, args.policies, args.seeds, args.json, args.plot, args.workers)
     if args.cmd == "bench":
         from agmarl_cli.bench import BenchSpec, latency_command  # noqa: PLC0415
