@@ -184,3 +184,19 @@ def test_spec_defaults_pick_the_cluster_by_workload():
     from agmarl_cli.evaluate import load_nodes  # noqa: PLC0415
     assert len(load_nodes(EvalSpec("dynamic", "synthetic:diurnal"))) == 50
     assert len(load_nodes(EvalSpec("dynamic", "synthetic:diurnal", nodes="synthetic:7"))) == 7
+
+
+def test_tie_break_option_reaches_the_simulator(capsys, tmp_path, openb_small):
+    """FGD's integer scores tie often: the tie-break rule changes its result, BestFit's min-max scores less so."""
+    args = _inflation(openb_small, tmp_path, "42-43", "fgd")
+    assert _eval(capsys, *args)[0] == 0
+    order = json.loads((tmp_path / "out.json").read_text())["policies"]["fgd"]["curves"]["allocation"]["mean"]
+    assert _eval(capsys, *args, "--tie-break", "random")[0] == 0
+    rand = json.loads((tmp_path / "out.json").read_text())["policies"]["fgd"]["curves"]["allocation"]["mean"]
+    assert order != rand
+    with pytest.raises(SystemExit):
+        main(["eval", *args, "--tie-break", "first"])
+    assert EvalSpec(protocol="inflation", workload="openb:default", tie_break="first") is not None
+    from agmarl_cli.evaluate import check_spec  # noqa: PLC0415
+    with pytest.raises(EvalError, match="tie-break"):
+        check_spec(EvalSpec(protocol="inflation", workload="openb:default", tie_break="first"))
