@@ -23,7 +23,8 @@ GPU pods, device usage), which keeps the graph at N + P vertices however many po
 cluster holds ~100,000 bound pods) and keeps node rows independent of each other.
 
 Pure numpy: no torch. ``FeatureContext`` carries the target workload and memoised per-node results
-(derived data only: outputs depend on the arguments alone).
+(derived data only: outputs depend on the arguments alone). ``build_graph`` computes the pairs of all
+pods at once (``pair_features_batch``, the values ``pair_features`` gives pod by pod).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ MEM_SCALE = 1_048_576.0  # MiB of a large node
 GPU_SCALE = float(MAX_GPUS * GPU_MILLI)
 FRAG_SCALE = 1000.0  # fragmentation deltas are in GPU milli: one GPU = 1.0
 RACK_HALF, ZONE_HALF, POD_HALF = 2, 1, 2  # ring neighbours on each side
+_EARLIER = np.tri(MAX_GPUS, k=-1, dtype=bool)  # [j, j']: device j' comes before device j
 
 
 @dataclass(frozen=True)
@@ -89,17 +91,24 @@ class FeatureContext:
     """The target workload fragmentation is measured against, and caches tied to one ``nodes`` tuple.
 
     Caches are keyed by node usage, so a stale entry is never read: a row is recomputed when any of
-    the node's usage arrays differ from the snapshot it was computed from.
+    the node's usage arrays differ from the snapshot it was computed from. The snapshot holds the usage
+    arrays of the last state seen (``ClusterState`` is immutable: ``bind``/``unbind`` make new arrays), and
+    the same arrays again mean no change. Each row has a version, bumped when it changes; the
+    fragmentation memo of each pod shape records the version its rows were computed at.
     """
 
     target: TargetWorkload
     _nodes: tuple = ()
     _access: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), bool))
+    _access_class: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (n,) id of the access row
     _snap: tuple = ()
     _node_x: np.ndarray = field(default_factory=lambda: np.zeros((0, F_NODE), np.float32))
     _frag: np.ndarray = field(default_factory=lambda: np.zeros(0))
     _edges: np.ndarray | None = None
-    _pairs: dict = field(default_factory=dict)  # pod shape -> (snap cpu, snap gpu, delta, after, device)
+    _version: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (n,) bumped when a row changes
+    _seen: tuple = ()  # the usage arrays of the last refresh: the same arrays again -> nothing changed
+    _terms: dict = field(default_factory=dict)  # per-node terms the pair features read, (n,) or (n, G) each
+    _pairs: dict = field(default_factory=dict)  # pod shape -> (row version, delta, after, device), (n,) each
     _shape_prob: dict = field(default_factory=dict)
 
     @staticmethod
@@ -112,9 +121,17 @@ class FeatureContext:
         n = state.n_nodes
         self._nodes = state.nodes
         self._access = self.target.accessible(state.gpu_model)
+        self._access_class = np.unique(self._access, axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
         self._snap = ()
         self._node_x = np.zeros((n, F_NODE), np.float32)
         self._frag = np.zeros(n)
+        self._version = np.zeros(n, np.int64)
+        self._seen = ()
+        z = np.zeros(n, np.int64)
+        self._terms = {"cpu_cap": np.maximum(state.cpu_cap, 1), "mem_cap": np.maximum(state.mem_cap, 1),
+                       "gpu_count": state.gpu_count.copy(), "gpu_cap": state.gpu_count * GPU_MILLI,
+                       "cpu_free": z.copy(), "mem_free": z.copy(), "gpu_idle": z.copy(), "whole_free": z.copy(),
+                       "empty": np.zeros(n, bool), "gpu_left": np.zeros((n, MAX_GPUS), np.int64)}
         self._edges = None
         self._pairs = {}
 
@@ -136,6 +153,8 @@ class FeatureContext:
     def _refresh(self, state: ClusterState) -> None:
         self._bind_nodes(state)
         cur = (state.cpu_used, state.mem_used, state.pods_used, state.gpu_used, state.schedulable)
+        if len(self._seen) == len(cur) and all(a is b for a, b in zip(cur, self._seen)):
+            return
         if not self._snap:
             rows = np.arange(state.n_nodes)
         else:
@@ -148,7 +167,24 @@ class FeatureContext:
             x, frag = node_feature_rows(state, rows, self._access[rows], self.target)
             self._node_x[rows] = x
             self._frag[rows] = frag
-        self._snap = tuple(a.copy() for a in cur)
+            self._version[rows] += 1
+            self._refresh_terms(state, rows)
+        self._snap = self._seen = cur  # references: states are immutable (bind/unbind return new arrays)
+
+    def _refresh_terms(self, state: ClusterState, rows: np.ndarray) -> None:
+        t = self._terms
+        left = _gpu_left(state, rows)
+        t["gpu_left"][rows] = left
+        t["gpu_idle"][rows] = left.sum(axis=1)
+        t["whole_free"][rows] = (left >= GPU_MILLI).sum(axis=1)
+        t["cpu_free"][rows] = state.cpu_cap[rows] - state.cpu_used[rows]
+        t["mem_free"][rows] = state.mem_cap[rows] - state.mem_used[rows]
+        t["empty"][rows] = state.pods_used[rows] == 0
+
+    def pair_terms(self, state: ClusterState) -> dict[str, np.ndarray]:
+        """Per-node terms of the pair features, current for ``state`` (read-only arrays, not copies)."""
+        self._refresh(state)
+        return self._terms
 
     def nn_edges(self, state: ClusterState) -> np.ndarray:
         self._bind_nodes(state)
@@ -170,20 +206,49 @@ class FeatureContext:
         after the placement (GPU milli) and the chosen device for a share (-1 otherwise). Memoised per
         pod shape and node usage; identical node states are computed once."""
         self._refresh(state)
-        shape = pod_shape(pod)
-        n = state.n_nodes
-        if shape not in self._pairs:
-            self._pairs[shape] = (np.full(n, -1, np.int64), np.full((n, MAX_GPUS), -1, np.int64),
-                                  np.zeros(n), np.zeros(n), np.full(n, -1, np.int64))
-        snap_cpu, snap_gpu, delta, after, dev = self._pairs[shape]
-        stale = (snap_cpu[idx] != state.cpu_used[idx]) | (snap_gpu[idx] != state.gpu_used[idx]).any(axis=1)
-        rows = idx[stale]
-        if rows.size:
-            a, d = placement_frag(shape, state, rows, self._access[rows], self.target)
-            after[rows], dev[rows] = a, d
-            delta[rows] = a - self._frag[rows]
-            snap_cpu[rows], snap_gpu[rows] = state.cpu_used[rows], state.gpu_used[rows]
+        (_, delta, after, dev), = self._memos([(pod_shape(pod), idx)], state)
         return delta[idx].copy(), after[idx].copy(), dev[idx].copy()
+
+    def frag_after_batch(self, pods: Sequence[Pod], state: ClusterState, idx: np.ndarray,
+                         pod_of: np.ndarray) -> tuple[np.ndarray, ...]:
+        """``frag_after`` for many pairs at once: pair e places ``pods[pod_of[e]]`` on node ``idx[e]``.
+        The stale memo rows of every pod shape are recomputed together, in one pass."""
+        self._refresh(state)
+        n = state.n_nodes
+        shapes: dict[tuple, int] = {}
+        sid = np.array([shapes.setdefault(pod_shape(p), len(shapes)) for p in pods], np.int64)
+        flat = sid[pod_of] * n + idx  # pair -> (shape, node) cell of an (S, n) table
+        used = np.zeros(len(shapes) * n, bool)
+        used[flat] = True
+        cells = np.flatnonzero(used)  # sorted: shape by shape, nodes ascending
+        cuts = np.searchsorted(cells, np.arange(1, len(shapes)) * n)
+        jobs = [(shape, rows - s * n) for (shape, s), rows in zip(shapes.items(), np.split(cells, cuts))]
+        memos = self._memos(jobs, state)
+        return tuple(np.concatenate([m[j] for m in memos])[flat] for j in (1, 2, 3))
+
+    def _memos(self, jobs: list[tuple[tuple, np.ndarray]], state: ClusterState) -> list[tuple[np.ndarray, ...]]:
+        """The memo (row version, delta, after, device; (n,) arrays) of each job's pod shape, made current
+        on the job's nodes (after ``_refresh``, which bumps the version of every row whose usage changed);
+        all stale rows go through one computation."""
+        n = state.n_nodes
+        memos, todo = [], []
+        for shape, idx in jobs:
+            if shape not in self._pairs:
+                self._pairs[shape] = (np.full(n, -1, np.int64), np.zeros(n), np.zeros(n), np.full(n, -1, np.int64))
+            memo = self._pairs[shape]
+            rows = idx[memo[0][idx] != self._version[idx]]
+            memos.append(memo)
+            if rows.size:
+                todo.append((shape, rows, memo))
+        if todo:
+            results = placement_frag_many([(sh, rows) for sh, rows, _ in todo], state, self._access,
+                                          self._access_class, self.target)
+            for (_, rows, memo), (a, d) in zip(todo, results):
+                version, delta, after, dev = memo
+                after[rows], dev[rows] = a, d
+                delta[rows] = a - self._frag[rows]
+                version[rows] = self._version[rows]
+        return memos
 
 
 # ---------------------------------------------------------------------------------------------
@@ -267,6 +332,59 @@ def placement_frag(shape: tuple, state: ClusterState, rows: np.ndarray, access: 
     return best[inv], dev[inv].astype(np.int64)
 
 
+def placement_frag_many(jobs: Sequence[tuple[tuple, np.ndarray]], state: ClusterState, access: np.ndarray,
+                        access_class: np.ndarray, target: TargetWorkload) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``placement_frag`` of several pod shapes at once: ``jobs`` are (shape, node rows); ``access`` (n, K)
+    and ``access_class`` (n,) (equal ids = equal access rows) cover every node. One fragmentation pass
+    for all shares (every device option) and one for the rest; identical (shape, node state) rows once."""
+    if not jobs:
+        return []
+    sizes = [len(r) for _, r in jobs]
+    rows = np.concatenate([np.asarray(r, np.int64) for _, r in jobs])
+    sid = np.repeat(np.arange(len(jobs)), sizes)
+    shp = np.array([sh[:3] for sh, _ in jobs], np.int64).reshape(-1, 3)  # (jobs, cpu milli num)
+    cpu_left = state.cpu_cap[rows] - state.cpu_used[rows]
+    left = _gpu_left(state, rows)
+    key = np.ascontiguousarray(np.column_stack([sid, cpu_left, left, access_class[rows]]).astype(np.int64))
+    void = key.view(np.dtype((np.void, key.itemsize * key.shape[1]))).reshape(-1)
+    _, first, inv = np.unique(void, return_index=True, return_inverse=True)
+    inv = np.asarray(inv).reshape(-1)
+    u_sid, u_left, u_acc = sid[first], left[first], access[rows[first]]
+    u_cpu = cpu_left[first] - shp[u_sid, 0]  # cpu left after the placement
+    milli, num = shp[u_sid, 1], shp[u_sid, 2]
+    m = len(first)
+    best, dev = np.zeros(m), np.full(m, -1, np.int64)
+    share = np.flatnonzero((milli > 0) & (milli < GPU_MILLI))
+    rest = np.flatnonzero(~((milli > 0) & (milli < GPU_MILLI)))
+    if share.size:
+        ul, mm = u_left[share], milli[share]
+        # options: a device that fits, the first of the devices with its free milli (the fragmentation is
+        # the same whichever of equal devices takes the share, and ties go to the lowest index)
+        earlier_equal = (ul[:, :, None] == ul[:, None, :]) & _EARLIER[None]
+        oi, oj = np.nonzero((ul >= mm[:, None]) & ~earlier_equal.any(axis=2))
+        opts = ul[oi].copy()
+        opts[np.arange(oi.size), oj] -= mm[oi]
+        after = np.full((share.size, MAX_GPUS), np.inf)
+        after[oi, oj] = node_frag_amount(u_cpu[share][oi], opts, u_acc[share][oi], target)
+        d = after.argmin(axis=1)
+        b = after[np.arange(share.size), d]
+        ok = np.isfinite(b)
+        dev[share] = np.where(ok, d, -1)
+        if not ok.all():  # no device fits: the node as it is
+            miss = share[~ok]
+            b[~ok] = node_frag_amount(u_cpu[miss], u_left[miss], u_acc[miss], target)
+        best[share] = b
+    if rest.size:
+        after_left = u_left[rest].copy()
+        free = after_left == GPU_MILLI
+        take = free & (np.cumsum(free, axis=1) <= num[rest][:, None]) & (milli[rest] > 0)[:, None]
+        after_left[take] = 0  # whole GPUs: the lowest-index free devices
+        best[rest] = node_frag_amount(u_cpu[rest], after_left, u_acc[rest], target)
+    best, dev = best[inv], dev[inv]
+    bounds = np.cumsum(sizes)[:-1]
+    return list(zip(np.split(best, bounds), np.split(dev, bounds)))
+
+
 # ---------------------------------------------------------------------------------------------
 # Pods and pairs
 
@@ -283,6 +401,28 @@ def pod_features(pods: Sequence[Pod], context: FeatureContext) -> np.ndarray:
             np.log1p(p.cpu_milli / 1000.0) / 5.0,
         ])
     return np.asarray(rows, dtype=np.float32).reshape(len(pods), F_POD)
+
+
+def pod_feature_key(pod: Pod) -> tuple:
+    """What the model's inputs read of a pod (``pod_features``, ``pair_features``): pods with equal keys
+    get equal pod rows and, on the same candidate nodes, equal pair rows, hence equal scores."""
+    return (pod.cpu_milli, pod.memory_mib, pod.num_gpu, pod.gpu_milli if pod.num_gpu > 0 else 0, tuple(pod.gpu_spec),
+            pod.qos in ("LS", "Guaranteed"))
+
+
+def identical_pods(pods: Sequence[Pod], candidates: Sequence[np.ndarray]) -> tuple[list[int], np.ndarray]:
+    """(the first pod of each group of pods with equal ``pod_feature_key`` and equal candidates, (P,) the
+    position of each pod's group in that list): score the first ones, then ``scores[group[k]]`` is pod k's."""
+    first: dict[tuple, int] = {}
+    reps: list[int] = []
+    group = np.zeros(len(pods), np.int64)
+    for k, (p, c) in enumerate(zip(pods, candidates)):
+        key = (pod_feature_key(p), np.asarray(c, np.int64).tobytes())
+        if key not in first:
+            first[key] = len(reps)
+            reps.append(k)
+        group[k] = first[key]
+    return reps, group
 
 
 def pair_features(pod: Pod, state: ClusterState, cand: np.ndarray,
@@ -319,6 +459,59 @@ def pair_features(pod: Pod, state: ClusterState, cand: np.ndarray,
         np.divide(gpu_req, gcap, out=np.zeros(len(idx)), where=gcap > 0),
     ]
     return np.stack(cols, axis=1).astype(np.float32).reshape(len(idx), F_EDGE), dev
+
+
+def pair_features_batch(pods: Sequence[Pod], state: ClusterState, candidates: Sequence[np.ndarray],
+                        context: FeatureContext) -> tuple[np.ndarray, np.ndarray]:
+    """``pair_features`` of every pod against its candidates, concatenated pod-major: the same values,
+    computed over all pairs at once (per-node terms once per node, fragmentation memo updates once
+    per pod shape). ``candidates[k]`` must be int64 node indexes in range."""
+    if len(candidates) != len(pods):
+        raise ValueError(f"pair_features_batch: {len(pods)} pods but {len(candidates)} candidate arrays")
+    sizes = np.array([len(c) for c in candidates], np.int64)
+    idx = np.concatenate(candidates).astype(np.int64, copy=False) if len(candidates) else np.zeros(0, np.int64)
+    e = idx.size
+    if e == 0:
+        return np.zeros((0, F_EDGE), np.float32), np.zeros(0, np.int64)
+    pod_of = np.repeat(np.arange(len(pods)), sizes)
+    delta, after, dev = context.frag_after_batch(pods, state, idx, pod_of)
+    # per pod (P,): the request, as pair_features reads it
+    milli_p = np.array([p.gpu_milli if p.num_gpu > 0 else 0 for p in pods])
+    num_p = np.array([p.num_gpu for p in pods])
+    req_p = num_p * milli_p
+    milli, gpu_req = milli_p[pod_of], req_p[pod_of]
+    pcpu = np.array([p.cpu_milli for p in pods])[pod_of]
+    # per node: usage terms kept current by the context (exact integers)
+    t = context.pair_terms(state)
+    cpu_free = t["cpu_free"][idx]
+    cpu_after = cpu_free - pcpu
+    mem_after = t["mem_free"][idx] - np.array([p.memory_mib for p in pods])[pod_of]
+    gcap = t["gpu_cap"][idx]
+    gpu_after = t["gpu_idle"][idx] - gpu_req
+    dev_left = np.where(dev >= 0, t["gpu_left"][idx, np.maximum(dev, 0)] - milli, 0) / GPU_MILLI
+    whole_after = t["whole_free"][idx] - np.where(milli_p >= GPU_MILLI, num_p, 0)[pod_of]
+    has_gpu = gcap > 0
+    frag = delta / FRAG_SCALE
+    cols = [
+        cpu_after / t["cpu_cap"][idx],
+        mem_after / t["mem_cap"][idx],
+        gpu_after / GPU_SCALE,
+        np.divide(gpu_after, gcap, out=np.zeros(e), where=has_gpu),
+        np.clip(frag, -8.0, 8.0),
+        1.0 / (1.0 + np.exp(frag)),
+        after / GPU_SCALE,
+        dev_left,
+        np.where(t["gpu_count"][idx] > 0, whole_after, 0) / MAX_GPUS,
+        np.divide(pcpu, cpu_free, out=np.zeros(e), where=cpu_free > 0),
+        0.5 * cpu_after / CPU_SCALE + 0.5 * gpu_after / GPU_SCALE,
+        t["empty"][idx],  # bools: 0.0 / 1.0 exactly
+        has_gpu & (gpu_after <= 0) & (gpu_req > 0),
+        np.divide(gpu_req, gcap, out=np.zeros(e), where=has_gpu),
+    ]
+    out = np.empty((e, F_EDGE), np.float32)  # float64 values rounded once, as .astype(np.float32) does
+    for j, col in enumerate(cols):
+        out[:, j] = col
+    return out, dev
 
 
 # ---------------------------------------------------------------------------------------------
@@ -377,6 +570,8 @@ def pod_edges(pods: Sequence[Pod]) -> np.ndarray:
     parts = [np.stack([np.arange(len(pods))] * 2)]
     for members in groups.values():
         parts += _ring(np.asarray(members, np.int64), POD_HALF)
+    if len(parts) == 1:  # self loops only: already unique and sorted
+        return parts[0].astype(np.int64).reshape(2, -1)
     return np.unique(np.concatenate(parts, axis=1), axis=1).astype(np.int64).reshape(2, -1)
 
 
@@ -390,26 +585,23 @@ def build_graph(pods: Sequence[Pod], state: ClusterState, candidates: Sequence[n
     if len(candidates) != len(pods):
         raise ValueError(f"build_graph: {len(pods)} pods but {len(candidates)} candidate arrays")
     node_x = context.node_x(state)
-    attrs, devs, cp, cn = [], [], [], []
-    for k, (pod, cand) in enumerate(zip(pods, candidates)):
-        cand = np.asarray(cand, dtype=np.int64).reshape(-1)
-        if cand.size and (cand.min() < 0 or cand.max() >= state.n_nodes):
-            raise ValueError(f"build_graph: candidate node index out of range for pod {pod.key}")
-        a, d = pair_features(pod, state, cand, context)
-        attrs.append(a)
-        devs.append(d)
-        cp.append(np.full(cand.size, k, np.int64))
-        cn.append(cand)
-    cat = lambda xs, shape, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(shape, dt)  # noqa: E731
+    cands = [np.asarray(c, dtype=np.int64).reshape(-1) for c in candidates]
+    sizes = np.array([c.size for c in cands], np.int64)
+    cand_node = np.concatenate(cands) if cands else np.zeros(0, np.int64)
+    bad = (cand_node < 0) | (cand_node >= state.n_nodes)
+    if bad.any():
+        k = int(np.searchsorted(np.cumsum(sizes), int(np.argmax(bad)), side="right"))
+        raise ValueError(f"build_graph: candidate node index out of range for pod {pods[k].key}")
+    attr, dev = pair_features_batch(pods, state, cands, context)
     return HeteroGraph(
         node_x=node_x,
         pod_x=pod_features(pods, context),
         nn_edge_index=context.nn_edges(state),
         pp_edge_index=pod_edges(pods),
-        cand_pod=cat(cp, (0,), np.int64),
-        cand_node=cat(cn, (0,), np.int64),
-        cand_attr=cat(attrs, (0, F_EDGE), np.float32).reshape(-1, F_EDGE),
-        cand_device=cat(devs, (0,), np.int64),
+        cand_pod=np.repeat(np.arange(len(pods), dtype=np.int64), sizes),
+        cand_node=cand_node,
+        cand_attr=attr,
+        cand_device=dev,
     )
 
 

@@ -135,6 +135,15 @@ def test_batch_scores_equal_one_pod_at_a_time_and_devices_follow_the_features(sm
     for p, c, s in zip(batch, cands, together):
         assert s.shape == c.shape
         np.testing.assert_allclose(s, policy.score(p, state, c), atol=1e-4)
+    # replicas (same inputs) are scored once and copied; a different candidate list is scored apart
+    twins = [batch[0], batch[1], batch[0], batch[1], batch[0]]
+    twin_cands = [cands[0], cands[1], cands[0], cands[1], cands[0][:-1]]
+    out = policy.score_batch(twins, state, twin_cands)
+    np.testing.assert_array_equal(out[0], out[2])
+    np.testing.assert_array_equal(out[1], out[3])
+    assert out[4].shape == twin_cands[4].shape and out[0] is not out[2]
+    for p, c, s in zip(twins, twin_cands, out):
+        np.testing.assert_allclose(s, policy.score(p, state, c), atol=1e-4)
     share = next(p for p in pods if p.is_gpu_share)
     c = feasible_nodes(share, state)
     i = int(c[int(np.argmax(policy.score(share, state, c)))])

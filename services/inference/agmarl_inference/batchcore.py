@@ -2,7 +2,8 @@
 
 ``decide_batch(pods, state, policy)`` places a whole batch of pending pods jointly:
 1. every pod (agent) proposes: its candidate nodes after the hard filter against the batch's
-   starting state, ranked by the policy's scores (ties -> lower node index);
+   starting state, ranked by the policy's scores (ties -> lower node index); a policy with
+   ``score_batch`` scores the whole batch in one pass;
 2. the arbiter walks the batch in a fixed order -- higher priority first, then the largest request
    (GPU milli, cpu, memory), then age and name -- and gives each pod its best proposal that still
    passes ``filters.filter_node`` against the state updated by the earlier picks (and has GPU
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agmarl_common.cluster.filters import feasible_nodes, filter_node
+from agmarl_common.cluster.filters import feasible_mask, feasible_nodes, filter_node
 from agmarl_common.cluster.model import ClusterState, Pod, bind
 from agmarl_common.policies.base import Policy, normalise_scores
 
@@ -51,14 +52,34 @@ def batch_order(pods: Iterable[Pod]) -> list[Pod]:
     return sorted(pods, key=batch_key)
 
 
+def _ranked(idx: np.ndarray, raw: np.ndarray) -> list[tuple[int, float]]:
+    scores = normalise_scores(np.asarray(raw, dtype=float))
+    order = np.lexsort((idx, -scores))  # score descending, ties -> lower index
+    return list(zip(idx[order].tolist(), scores[order].tolist()))
+
+
 def propose(pod: Pod, state: ClusterState, policy: Policy) -> list[tuple[int, float]]:
     """(node index, score 0..100) for every node passing the hard filter, best first."""
     idx = feasible_nodes(pod, state)
     if idx.size == 0:
         return []
-    scores = normalise_scores(np.asarray(policy.score(pod, state, idx), dtype=float))
-    order = np.lexsort((idx, -scores))  # score descending, ties -> lower index
-    return [(int(idx[k]), float(scores[k])) for k in order]
+    return _ranked(idx, policy.score(pod, state, idx))
+
+
+def propose_all(pods: list[Pod], state: ClusterState, policy: Policy) -> dict[str, list[tuple[int, float]]]:
+    """``propose`` for every pod against the same ``state``; a policy with ``score_batch`` (the learned
+    one) scores them all in one pass (one graph, one encoder and one actor run)."""
+    cands = [feasible_nodes(p, state) for p in pods]
+    live = [k for k, c in enumerate(cands) if c.size]
+    batch = getattr(policy, "score_batch", None)
+    if callable(batch) and len(live) > 1:
+        raw = batch([pods[k] for k in live], state, [cands[k] for k in live])
+    else:
+        raw = [policy.score(pods[k], state, cands[k]) for k in live]
+    out: dict[str, list[tuple[int, float]]] = {p.key: [] for p in pods}
+    for k, r in zip(live, raw):
+        out[pods[k].key] = _ranked(cands[k], r)
+    return out
 
 
 def why_not(pod: Pod, state: ClusterState) -> str:
@@ -79,9 +100,13 @@ def arbitrate(order: list[Pod], proposals: dict[str, list[tuple[int, float]]], s
         shown = {state.nodes[i].name: round(s, 3) for i, s in ranked[:top]}
         refused = 0
         placed = None
+        ok = None  # after a refusal: the hard filter of every node at once (feasible_mask == filter_node(...).ok)
         for rank, (i, score) in enumerate(ranked):
-            if not filter_node(pod, state, i).ok:
+            fits = filter_node(pod, state, i).ok if ok is None else bool(ok[i])
+            if not fits:
                 refused += 1
+                if ok is None:
+                    ok = feasible_mask(pod, state)
                 continue
             gpus = policy.choose_gpus(pod, state, i)
             if gpus is None:
@@ -104,7 +129,7 @@ def arbitrate(order: list[Pod], proposals: dict[str, list[tuple[int, float]]], s
 def decide_batch(pods: Iterable[Pod], state: ClusterState, policy: Policy) -> tuple[list[Placement], ClusterState]:
     """Joint placement of ``pods`` (see the module docstring); placements in the arbiter's order."""
     order = batch_order(pods)
-    proposals = {p.key: propose(p, state, policy) for p in order}
+    proposals = propose_all(order, state, policy)
     return arbitrate(order, proposals, state, policy)
 
 

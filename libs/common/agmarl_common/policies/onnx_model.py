@@ -28,7 +28,8 @@ import onnxruntime as ort
 
 from agmarl_common import modelstore
 from agmarl_common.cluster.model import ClusterState, Pod
-from agmarl_common.features import EDGE_FEATURES, NODE_FEATURES, FeatureContext, HeteroGraph, build_graph, device_for
+from agmarl_common.features import (EDGE_FEATURES, NODE_FEATURES, FeatureContext, HeteroGraph, build_graph, device_for,
+                                    identical_pods)
 from agmarl_common.policies.base import PolicyBase
 
 MODEL_PREFIX = "model:"
@@ -244,16 +245,22 @@ class OnnxModelPolicy(PolicyBase):
 
     def score_batch(self, pods: Sequence[Pod], state: ClusterState,
                     candidates_list: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Scores of every pod against the same ``state`` (one graph, one encoder and one actor pass)."""
+        """Scores of every pod against the same ``state`` (one graph, one encoder and one actor pass).
+        Pods with the same model inputs (``features.identical_pods``: equal feature key and candidates,
+        e.g. replicas of one workload) are scored once and get copies of the same scores; every pod still
+        counts for the implicit target workload."""
         if len(pods) != len(candidates_list):
             raise ValueError(f"score_batch: {len(pods)} pods but {len(candidates_list)} candidate arrays")
         if not pods:
             return []
         with self._lock:
-            g = self.graph(pods, state, candidates_list)
+            self._note(pods, state)
+            reps, group = identical_pods(pods, candidates_list)
+            g = build_graph([pods[k] for k in reps], self._canonical(state),
+                            [np.asarray(candidates_list[k], np.int64) for k in reps], self._context)
             logits = self.forward(g)[1].astype(np.float64)
-        ends = np.cumsum([len(c) for c in candidates_list])
-        return np.split(logits, ends[:-1])
+        scores = np.split(logits, np.cumsum([len(candidates_list[k]) for k in reps])[:-1])
+        return [scores[j].copy() for j in group]
 
     def choose_gpus(self, pod: Pod, state: ClusterState, node_index: int) -> tuple[int, ...] | None:
         with self._lock:

@@ -1,0 +1,292 @@
+"""agmarl_common.features, batched: ``build_graph`` builds every pod's pair features at once (memo updates
+of all pod shapes in one pass, per-node terms kept with the node rows). The values must be the ones the
+shipped model was trained on, so each test compares with an oracle written as the features were first
+defined, one pod at a time and without caches: ``placement_frag`` for the fragmentation after the
+placement, the node's own fragmentation amount for the delta, and ``pair_features``' formulas.
+
+Fragmentation sums go through a BLAS matrix-vector product whose last bits depend on how many rows a
+call holds (OpenBLAS' tail kernel), so the three fragmentation columns are compared to 1e-6 (one GPU is
+1.0); every other column, the devices and the candidate arrays must be equal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from agmarl_common.cluster.filters import feasible_nodes
+from agmarl_common.cluster.model import GPU_MILLI, MAX_GPUS, ClusterState, Node, Pod, bind, choose_gpus, unbind_at
+from agmarl_common.features import (CPU_SCALE, EDGE_FEATURES, F_EDGE, FRAG_SCALE, GPU_SCALE, FeatureContext,
+                                    build_graph, identical_pods, pair_features, pair_features_batch, placement_frag,
+                                    placement_frag_many, pod_edges, pod_feature_key, pod_features)
+from agmarl_common.sim import traces
+from agmarl_common.sim.fragmentation import pod_shape, state_frag, target_workload
+
+FRAG_COLS = [EDGE_FEATURES.index(f) for f in ("frag_delta", "fgd_score", "frag_after")]
+EXACT_COLS = [j for j in range(F_EDGE) if j not in FRAG_COLS]
+
+
+def oracle_pairs(pod: Pod, state: ClusterState, cand: np.ndarray, target) -> tuple[np.ndarray, np.ndarray]:
+    """``pair_features`` of one pod, from scratch (no memo, no cached node terms)."""
+    idx = np.asarray(cand, np.int64)
+    access = target.accessible(state.gpu_model)
+    after, dev = placement_frag(pod_shape(pod), state, idx, access[idx], target)
+    delta = after - state_frag(state, target, access)[idx]
+    milli = pod.gpu_milli if pod.num_gpu > 0 else 0
+    gpu_req = pod.num_gpu * milli
+    cpu_cap = np.maximum(state.cpu_cap[idx], 1)
+    cpu_free = state.cpu_cap[idx] - state.cpu_used[idx]
+    cpu_after = cpu_free - pod.cpu_milli
+    mem_after = state.mem_cap[idx] - state.mem_used[idx] - pod.memory_mib
+    left = state.gpu_free()[idx]
+    gcap = state.gpu_count[idx] * GPU_MILLI
+    gpu_after = left.sum(axis=1) - gpu_req
+    dev_left = np.where(dev >= 0, left[np.arange(len(idx)), np.maximum(dev, 0)] - milli, 0) / GPU_MILLI
+    whole_after = (left >= GPU_MILLI).sum(axis=1) - (pod.num_gpu if milli >= GPU_MILLI else 0)
+    cols = [
+        cpu_after / cpu_cap, mem_after / np.maximum(state.mem_cap[idx], 1), gpu_after / GPU_SCALE,
+        np.divide(gpu_after, gcap, out=np.zeros(len(idx)), where=gcap > 0),
+        np.clip(delta / FRAG_SCALE, -8.0, 8.0), 1.0 / (1.0 + np.exp(delta / FRAG_SCALE)), after / GPU_SCALE,
+        dev_left, np.where(state.gpu_count[idx] > 0, whole_after, 0) / MAX_GPUS,
+        np.divide(pod.cpu_milli, cpu_free, out=np.zeros(len(idx)), where=cpu_free > 0),
+        0.5 * cpu_after / CPU_SCALE + 0.5 * gpu_after / GPU_SCALE, (state.pods_used[idx] == 0).astype(np.float64),
+        ((gcap > 0) & (gpu_after <= 0) & (gpu_req > 0)).astype(np.float64),
+        np.divide(gpu_req, gcap, out=np.zeros(len(idx)), where=gcap > 0),
+    ]
+    return np.stack(cols, axis=1).astype(np.float32).reshape(len(idx), F_EDGE), dev
+
+
+def assert_same_pairs(got_attr, got_dev, want_attr, want_dev) -> None:
+    assert got_attr.dtype == np.float32 and got_attr.shape == want_attr.shape
+    np.testing.assert_array_equal(got_dev, want_dev)
+    np.testing.assert_array_equal(got_attr[:, EXACT_COLS], want_attr[:, EXACT_COLS])
+    np.testing.assert_allclose(got_attr[:, FRAG_COLS], want_attr[:, FRAG_COLS], rtol=0, atol=1e-6)
+
+
+def assert_graph_matches_oracle(pods, state, cands, context) -> None:
+    g = build_graph(pods, state, cands, context)
+    parts = [oracle_pairs(p, state, c, context.target) for p, c in zip(pods, cands)]
+    want_attr = np.concatenate([a for a, _ in parts]) if parts else np.zeros((0, F_EDGE), np.float32)
+    want_dev = np.concatenate([d for _, d in parts]) if parts else np.zeros(0, np.int64)
+    np.testing.assert_array_equal(g.cand_pod, np.repeat(np.arange(len(pods)), [len(c) for c in cands]))
+    np.testing.assert_array_equal(g.cand_node, np.concatenate(cands) if cands else np.zeros(0, np.int64))
+    assert_same_pairs(g.cand_attr, g.cand_device, want_attr, want_dev)
+
+
+# ---------------------------------------------------------------------------------------------
+# Random clusters
+
+MODELS = ("", "T4", "V100", "A100")
+
+
+def random_nodes(rng: np.random.Generator, n: int) -> tuple[Node, ...]:
+    out = []
+    for i in range(n):
+        gpus = int(rng.choice([0, 1, 2, 4, 8]))
+        out.append(Node(f"n{i}", int(rng.choice([8000, 32000, 64000, 96000])), int(rng.choice([16384, 65536, 262144])),
+                        gpu_count=gpus, gpu_model=str(rng.choice(MODELS[1:])) if gpus else ""))
+    return tuple(out)
+
+
+def random_pod(rng: np.random.Generator, name: str) -> Pod:
+    kind = int(rng.integers(6))
+    cpu = int(rng.choice([0, 500, 1000, 4000, 8000, 16000]))
+    mem = int(rng.choice([512, 4096, 16384, 65536]))
+    spec = (str(rng.choice(MODELS[1:])),) if rng.random() < 0.2 else ()
+    if kind <= 1:  # a share of one GPU
+        return Pod(name, cpu, mem, num_gpu=1, gpu_milli=int(rng.choice([100, 250, 300, 500, 700, 900])), gpu_spec=spec)
+    if kind == 2:  # whole GPUs
+        return Pod(name, cpu, mem, num_gpu=int(rng.choice([1, 2, 4])), gpu_milli=GPU_MILLI, gpu_spec=spec)
+    return Pod(name, cpu, mem)
+
+
+def fill(rng: np.random.Generator, state: ClusterState, count: int, prefix: str) -> ClusterState:
+    for k in range(count):
+        pod = random_pod(rng, f"{prefix}-{k}")
+        cand = feasible_nodes(pod, state)
+        if cand.size:
+            i = int(rng.choice(cand))
+            gpus = choose_gpus(pod, state.gpu_free()[i])
+            if gpus is not None:
+                state = bind(state, pod, i, gpus)
+    return state
+
+
+def random_candidates(rng: np.random.Generator, pods, state) -> list[np.ndarray]:
+    """Feasible nodes mostly; also an empty list, an arbitrary subset and an unsorted one with repeats."""
+    out = []
+    for k, p in enumerate(pods):
+        c = feasible_nodes(p, state)
+        if k % 7 == 3:
+            c = np.zeros(0, np.int64)
+        elif k % 7 == 5:
+            c = rng.choice(state.n_nodes, size=min(state.n_nodes, 9), replace=False).astype(np.int64)
+        elif k % 7 == 6:
+            c = rng.integers(0, state.n_nodes, size=12).astype(np.int64)
+        out.append(c)
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_batched_features_equal_the_per_pod_definition_on_random_clusters(seed):
+    rng = np.random.default_rng(seed)
+    state = fill(rng, ClusterState.empty(random_nodes(rng, 40)), 90, "fill")
+    pods = [random_pod(rng, f"p{k}") for k in range(24)] + [random_pod(rng, "dup")] * 3  # repeated shapes
+    context = FeatureContext(target_workload([random_pod(rng, f"t{k}") for k in range(200)]))
+    assert_graph_matches_oracle(pods, state, random_candidates(rng, pods, state), context)
+
+
+def test_warm_caches_follow_every_bind_and_unbind():
+    """One context across changing states (the serving pattern): each graph still equals the oracle."""
+    rng = np.random.default_rng(7)
+    state = fill(rng, ClusterState.empty(random_nodes(rng, 30)), 60, "fill")
+    context = FeatureContext(target_workload([random_pod(rng, f"t{k}") for k in range(200)]))
+    pods = [random_pod(rng, f"p{k}") for k in range(12)]
+    states = []
+    for step in range(6):
+        cands = [feasible_nodes(p, state) for p in pods]
+        assert_graph_matches_oracle(pods, state, cands, context)
+        states.append(state)
+        state = fill(rng, state, 3, f"s{step}")  # a few binds ...
+        busy = np.flatnonzero(state.pods_used > 0)
+        i = int(rng.choice(busy))
+        state = unbind_at(state, i, state.bound[i][0].key)  # ... and a pod finishing
+    for old in (states[2], states[0], states[0]):  # back to earlier states (and the same one twice)
+        assert_graph_matches_oracle(pods, old, [feasible_nodes(p, old) for p in pods], context)
+
+
+def test_pair_features_of_one_pod_equal_their_slice_of_the_batch():
+    rng = np.random.default_rng(11)
+    state = fill(rng, ClusterState.empty(random_nodes(rng, 25)), 50, "fill")
+    context = FeatureContext(target_workload([random_pod(rng, f"t{k}") for k in range(100)]))
+    pods = [random_pod(rng, f"p{k}") for k in range(10)]
+    cands = [feasible_nodes(p, state) for p in pods]
+    attr, dev = pair_features_batch(pods, state, cands, context)
+    start = 0
+    for p, c in zip(pods, cands):
+        a, d = pair_features(p, state, c, context)
+        np.testing.assert_array_equal(attr[start:start + c.size], a)
+        np.testing.assert_array_equal(dev[start:start + c.size], d)
+        start += c.size
+    assert start == attr.shape[0]
+
+
+def test_placement_frag_many_equals_placement_frag_shape_by_shape():
+    rng = np.random.default_rng(5)
+    state = fill(rng, ClusterState.empty(random_nodes(rng, 50)), 120, "fill")
+    target = target_workload([random_pod(rng, f"t{k}") for k in range(200)])
+    access = target.accessible(state.gpu_model)
+    access_class = np.unique(access, axis=0, return_inverse=True)[1].reshape(-1)
+    shapes = sorted({pod_shape(random_pod(rng, f"s{k}")) for k in range(40)})
+    jobs = [(sh, np.sort(rng.choice(state.n_nodes, size=int(rng.integers(1, 50)), replace=False))) for sh in shapes]
+    for (sh, rows), (after, dev) in zip(jobs, placement_frag_many(jobs, state, access, access_class, target)):
+        want_after, want_dev = placement_frag(sh, state, rows, access[rows], target)
+        np.testing.assert_array_equal(dev, want_dev)
+        np.testing.assert_allclose(after, want_after, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("share, left, expected", [
+    (300, [1000, 1000, 1000, 1000], 0),  # all devices alike: the lowest index
+    (300, [0, 200, 1000, 1000], 2),  # device 1 cannot take it
+    (500, [0, 0, 0, 0], -1),  # none fits: no device
+])
+def test_a_share_goes_to_the_first_of_equal_devices(share, left, expected):
+    nodes = (Node("g", 64000, 262144, gpu_count=4, gpu_model="T4"),)
+    state = ClusterState.empty(nodes)
+    state = replace(state, gpu_used=np.array([[GPU_MILLI - x for x in left] + [0] * (MAX_GPUS - 4)], np.int64))
+    pod = Pod("s", 1000, 1024, num_gpu=1, gpu_milli=share)
+    context = FeatureContext(target_workload([pod, Pod("w", 1000, 1024, num_gpu=1, gpu_milli=GPU_MILLI)]))
+    g = build_graph([pod], state, [np.array([0])], context)
+    assert int(g.cand_device[0]) == expected
+    assert int(oracle_pairs(pod, state, np.array([0]), context.target)[1][0]) == expected
+
+
+def test_out_of_range_candidate_names_its_pod():
+    nodes = (Node("a", 8000, 16384),)
+    pods = [Pod("ok", 100, 100), Pod("bad", 100, 100)]
+    context = FeatureContext(target_workload(pods))
+    with pytest.raises(ValueError, match="default/bad"):
+        build_graph(pods, ClusterState.empty(nodes), [np.array([0]), np.array([0, 1])], context)
+
+
+def test_pod_edges_without_groups_are_the_self_loops():
+    pods = [Pod(f"p{k}", 100, 100) for k in range(4)] + [Pod("s1", 100, 100, service="web"),
+                                                          Pod("s2", 100, 100, service="web")]
+    np.testing.assert_array_equal(pod_edges(pods[:4]), np.stack([np.arange(4)] * 2))
+    edges = pod_edges(pods)
+    assert {(4, 5), (5, 4)} <= set(map(tuple, edges.T.tolist())) and edges.shape[1] == 8
+    assert pod_edges([]).shape == (2, 0)
+
+
+def test_pods_with_equal_feature_keys_get_equal_model_inputs():
+    """Whatever else differs (name, labels, priority, service, a QoS class the features do not tell apart),
+    equal keys mean equal pod rows and pair rows: scoring one of them scores them all."""
+    rng = np.random.default_rng(13)
+    state = fill(rng, ClusterState.empty(random_nodes(rng, 20)), 40, "fill")
+    context = FeatureContext(target_workload([random_pod(rng, f"t{k}") for k in range(100)]))
+    base = [random_pod(rng, f"b{k}") for k in range(8)]
+    pods = [replace(base[int(rng.integers(len(base)))], name=f"p{k}", namespace=str(rng.choice(["a", "b"])),
+                    labels={"app": str(k % 3)}, priority=int(rng.integers(3)), service=str(rng.choice(["", "web"])),
+                    qos=str(rng.choice(["", "BE", "Burstable"])), creation_time=float(k), duration=float(rng.random()))
+            for k in range(40)]
+    cand = np.arange(state.n_nodes)
+    x = pod_features(pods, context)
+    attr, _ = pair_features_batch(pods, state, [cand] * len(pods), context)
+    attr = attr.reshape(len(pods), cand.size, F_EDGE)
+    reps, group = identical_pods(pods, [cand] * len(pods))
+    assert len(reps) == len({pod_feature_key(p) for p in pods}) < len(pods)
+    for k, g in enumerate(group):
+        r = reps[g]
+        assert pod_feature_key(pods[k]) == pod_feature_key(pods[r])
+        np.testing.assert_array_equal(x[k], x[r])
+        np.testing.assert_array_equal(attr[k], attr[r])
+
+
+@pytest.mark.parametrize("change", [
+    {"cpu_milli": 1001}, {"memory_mib": 1025}, {"gpu_milli": 600}, {"num_gpu": 0}, {"gpu_spec": ("T4",)},
+    {"qos": "LS"},
+])
+def test_a_pod_reading_differently_is_not_identical(change):
+    pod = Pod("a", 1000, 1024, num_gpu=1, gpu_milli=500, qos="BE")
+    other = replace(pod, name="b", **change)
+    same = [np.arange(3), np.arange(3)]
+    reps, group = identical_pods([pod, other], same)
+    assert reps == [0, 1] and group.tolist() == [0, 1]
+    assert identical_pods([pod, replace(pod, name="c")], same)[0] == [0]
+    assert identical_pods([pod, replace(pod, name="c")], [np.arange(3), np.arange(2)])[0] == [0, 1]
+
+
+# ---------------------------------------------------------------------------------------------
+# openb: the real trace's nodes and pods
+
+
+@pytest.fixture(scope="module")
+def openb():
+    nodes = traces.load_openb_nodes(traces.openb_node_path(traces.ALL_NODES))
+    pods = traces.load_openb_pods(traces.openb_pod_path("default"))
+    return nodes, pods
+
+
+def test_batched_features_equal_the_per_pod_definition_on_openb(openb):
+    nodes, workload = openb
+    rng = np.random.default_rng(3)
+    state = ClusterState.empty(nodes[::4])
+    for k, j in enumerate(rng.integers(0, len(workload), size=700)):
+        pod = replace(workload[j], name=f"fill-{k}")
+        cand = feasible_nodes(pod, state)
+        if cand.size:
+            i = int(cand[int(rng.integers(cand.size))])
+            gpus = choose_gpus(pod, state.gpu_free()[i])
+            if gpus is not None:
+                state = bind(state, pod, i, gpus)
+    context = FeatureContext.from_workload(workload)
+    for step in range(2):
+        pods = [replace(workload[int(j)], name=f"b{step}-{k}") for k, j in enumerate(rng.integers(0, len(workload), 64))]
+        cands = [feasible_nodes(p, state) for p in pods]
+        assert sum(c.size for c in cands) > 1000
+        assert_graph_matches_oracle(pods, state, cands, context)
+        busy = np.flatnonzero(state.pods_used > 0)
+        for i in rng.choice(busy, size=20, replace=False):
+            state = unbind_at(state, int(i), state.bound[int(i)][0].key)
