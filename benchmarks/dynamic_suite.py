@@ -5,8 +5,13 @@ burst, batch_online_mix, affinity_heavy) on one synthetic cluster, for a few see
 harness, the same seeds, the same cluster, so the comparison is like for like. Prints Markdown:
 the composite reward (agmarl_common.reward, mean over the record points of a run) per policy and
 workload, the hard-constraint violations (must be 0), then each workload's full `agmarl eval` table.
+The reward-aware expert (``policies.rewardaware``, the reward's own marginal gains) runs with the
+baselines by default.
 
     nice .venv/bin/python benchmarks/dynamic_suite.py --workers 2 [--extra model:latest] [--json out.json]
+    # the README's issue-4 setting: one workload, 50 nodes, 1800 s, seeds 42-43
+    nice .venv/bin/python benchmarks/dynamic_suite.py --workloads batch_online_mix --nodes synthetic:50 \
+        --horizon 1800 --seeds 42-43 --policies kube-default,trimaran-lvrb,trimaran-tlp,reward-aware
 """
 
 from __future__ import annotations
@@ -24,12 +29,14 @@ from agmarl_cli.evaluate import (EvalError, EvalSpec, aggregate, check_spec, loa
 WORKLOADS = ("diurnal", "burst", "batch_online_mix", "affinity_heavy")
 BASELINES = ("kube-default", "kube-resources", "trimaran-tlp", "trimaran-lvrb", "koord-loadaware",
              "most-allocated", "bestfit", "fgd")
+EXPERTS = ("reward-aware",)
 
 
-def suite(nodes: str, policies: list[str], seeds: list[int], horizon_s: float, workers: int) -> dict[str, dict]:
+def suite(nodes: str, policies: list[str], seeds: list[int], horizon_s: float, workers: int,
+          workloads: tuple[str, ...] = WORKLOADS) -> dict[str, dict]:
     """workload -> the `agmarl eval` report of the dynamic protocol on it."""
     reports = {}
-    for w in WORKLOADS:
+    for w in workloads:
         spec = EvalSpec(protocol="dynamic", workload=f"synthetic:{w}", nodes=nodes, horizon_s=horizon_s)
         check_spec(spec)
         runs = run_all(spec, policies, seeds, workers)
@@ -44,18 +51,19 @@ def _cell(entry: dict, key: str, digits: int = 3) -> str:
 
 def summary_tables(reports: dict[str, dict], policies: list[str]) -> str:
     """Reward per policy x workload (+ the mean over workloads, and the rank by it), then violations."""
-    head = "| policy | " + " | ".join(WORKLOADS) + " | mean |"
-    sep = "|---" * (len(WORKLOADS) + 2) + "|"
-    means = {p: float(np.mean([reports[w]["policies"][p]["metrics"]["reward_mean"]["mean"] for w in WORKLOADS]))
+    workloads = list(reports)
+    head = "| policy | " + " | ".join(workloads) + " | mean |"
+    sep = "|---" * (len(workloads) + 2) + "|"
+    means = {p: float(np.mean([reports[w]["policies"][p]["metrics"]["reward_mean"]["mean"] for w in workloads]))
              for p in policies}
     lines = ["### Composite reward (mean over the run; mean ± std over seeds; higher is better)\n", head, sep]
     for p in sorted(policies, key=lambda q: -means[q]):
-        cells = [_cell(reports[w]["policies"][p], "reward_mean") for w in WORKLOADS]
+        cells = [_cell(reports[w]["policies"][p], "reward_mean") for w in workloads]
         lines.append(f"| {p} | " + " | ".join(cells) + f" | **{means[p]:.3f}** |")
     lines += ["", "### Hard-constraint violations (worst record point, summed over seeds; must be 0)\n",
               head.replace(" mean |", " total |"), sep]
     for p in policies:
-        counts = [sum(r["metrics"]["hard_violations"] for r in reports[w]["policies"][p]["runs"]) for w in WORKLOADS]
+        counts = [sum(r["metrics"]["hard_violations"] for r in reports[w]["policies"][p]["runs"]) for w in workloads]
         lines.append(f"| {p} | " + " | ".join(f"{c:g}" for c in counts) + f" | {sum(counts):g} |")
     return "\n".join(lines)
 
@@ -65,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", default="synthetic:60", help="cluster (default synthetic:60)")
     ap.add_argument("--seeds", default="42-44")
     ap.add_argument("--horizon", type=float, default=3600.0, help="simulated seconds per run")
-    ap.add_argument("--policies", default=",".join(BASELINES))
+    ap.add_argument("--policies", default=",".join(BASELINES + EXPERTS))
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"a subset of {','.join(WORKLOADS)}")
     ap.add_argument("--extra", default="", help="more policies, e.g. model:latest")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--json", default=None, help="write every workload's report here")
@@ -73,16 +82,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         seeds = parse_seeds(args.seeds)
         policies = parse_policies(",".join(x for x in (args.policies, args.extra) if x))
+        workloads = tuple(w for w in args.workloads.split(",") if w)
+        if not workloads or set(workloads) - set(WORKLOADS):
+            raise ValueError(f"--workloads must name some of {', '.join(WORKLOADS)}, got {args.workloads!r}")
         start = time.perf_counter()
-        reports = suite(args.nodes, policies, seeds, args.horizon, args.workers)
+        reports = suite(args.nodes, policies, seeds, args.horizon, args.workers, workloads)
     except (EvalError, ValueError, KeyError) as err:
         print(f"dynamic_suite: error: {err}", file=sys.stderr)
         return 2
     wall = time.perf_counter() - start
     n_nodes = next(iter(reports.values()))["n_nodes"]
     print(f"## Dynamic synthetic suite\n\n{n_nodes}-node synthetic cluster (`{args.nodes}`), horizon "
-          f"{args.horizon:g} s, seeds {args.seeds}, {len(policies)} policies x {len(WORKLOADS)} workloads x "
-          f"{len(seeds)} seeds = {len(policies) * len(WORKLOADS) * len(seeds)} runs in {wall:.0f} s wall "
+          f"{args.horizon:g} s, seeds {args.seeds}, {len(policies)} policies x {len(workloads)} workloads x "
+          f"{len(seeds)} seeds = {len(policies) * len(workloads) * len(seeds)} runs in {wall:.0f} s wall "
           f"({args.workers} worker(s)).\n")
     print(summary_tables(reports, policies))
     for w, rep in reports.items():

@@ -77,3 +77,16 @@ def get_policy(name: str, seed: int = 0) -> Policy:
 for _cls in (KubeDefaultPolicy, KubeResourcesPolicy, MostAllocatedPolicy, RequestedToCapacityRatioPolicy,
              TargetLoadPackingPolicy, LoadVariationRiskBalancingPolicy, KoordLoadAwarePolicy):
     register_policy(_cls.name, lambda seed, _cls=_cls: _cls())
+
+
+def _register_reward_aware() -> None:
+    """``reward-aware`` (fixed-scheme weights) and one variant per other reward scheme."""
+    from agmarl_common.policies.rewardaware import RewardAwareConfig, RewardAwarePolicy  # noqa: PLC0415
+    from agmarl_common.reward import SCHEMES  # noqa: PLC0415
+
+    for scheme in SCHEMES:
+        policy = RewardAwarePolicy(RewardAwareConfig(scheme=scheme))
+        register_policy(policy.name, lambda seed, _s=scheme: RewardAwarePolicy(RewardAwareConfig(scheme=_s)))
+
+
+_register_reward_aware()

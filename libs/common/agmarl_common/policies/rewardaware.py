@@ -1,0 +1,287 @@
+"""Reward-aware expert: score a candidate node by what placing the pod there does to the reward.
+
+Each ``score_*_gain`` is a pure function ``(pod, state, candidates) -> (len(candidates),) float``:
+the change of one component of ``agmarl_common.reward`` (in that component's own [0, 1] units)
+if ``pod`` were bound to the candidate, all else equal. Terms that move the same way wherever the
+pod goes (the cluster-wide utilisation below the knee, pending counts) are left out: they cannot
+change the choice. The terms:
+
+- ``balance``: 1 - 2 * std of per-node mean(cpu, memory) utilisation, recomputed exactly with the
+  pod's request added to the candidate (schedulable nodes only, as the reward does);
+- ``utilisation`` (knee): the reward scores utilisation linearly up to 80 % and penalises above it;
+  only the penalty depends on where the pod goes, so the term is the change of the mean per-node
+  overload loss ``u / 0.8 - score_utilisation(u)``, negated;
+- ``ls_ok``: the change of the share of LS pods not on a node whose cpu pressure exceeds 80 %:
+  a candidate the pod would push over the threshold turns its LS pods bad, an LS pod on a node
+  that is (or becomes) hot is bad itself;
+- ``io_locality``: an IO-heavy pod gains on a local-SSD node;
+- ``net_locality``: a network-heavy pod gains in the zone holding most of its service peers (and
+  its network-heavy peers gain from it), up to a candidate-independent shift.
+
+The policy adds the gains with the reward scheme's weights (``sla`` split over its four sub-terms,
+``business`` over its two), scaled by the number of schedulable nodes so that one node's worth of
+change is O(1), then kube-default's preference plugins (preferred node affinity, inter-pod
+(anti-)affinity, topology spread, taint toleration; the functions of ``policies.kube``) with
+their default weights, scaled to ``preference_weight`` (0.1, tuned on held-out seeds: it keeps
+kube-default's preferences as tie-breakers without outweighing a real balance gain). ``factors``
+can re-weight single gains (1 each by default: the reward's own weights tuned best). The score
+depends only on the pod and the cluster state: no history, no randomness, so a learned expert can
+imitate it from pod and node features.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
+
+from agmarl_common.cluster.model import ClusterState, Pod, pod_index
+from agmarl_common.policies.base import MAX_NODE_SCORE, PolicyBase
+from agmarl_common.policies.kube import (
+    DEFAULT_PLUGIN_WEIGHTS,
+    score_inter_pod_affinity,
+    score_node_affinity,
+    score_pod_topology_spread,
+    score_taint_toleration,
+)
+from agmarl_common.reward import (
+    HOT_NODE_THRESHOLD,
+    IO_HEAVY_LABEL,
+    LOCAL_SSD_LABEL,
+    NETWORK_HEAVY_LABEL,
+    SCHEMES,
+    UTILISATION_KNEE,
+    RewardScheme,
+    RewardWeights,
+    cluster_load,
+    scheme_weights,
+)
+from agmarl_common.sim.metrics import LS_QOS, node_cpu_pressure
+
+PREFERENCE_PLUGINS = {  # kube-default's scoring plugins that express preferences, not resources
+    "NodeAffinity": score_node_affinity,
+    "InterPodAffinity": score_inter_pod_affinity,
+    "PodTopologySpread": score_pod_topology_spread,
+    "TaintToleration": score_taint_toleration,
+}
+GAINS = ("balance", "utilisation", "ls_ok", "io_locality", "net_locality")
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-node quantities
+
+
+def node_mean_utilisation(state: ClusterState) -> np.ndarray:
+    """(n,) mean of cpu and memory requested / capacity per node (the reward's balance input)."""
+    cpu = state.cpu_used / np.maximum(state.cpu_cap, 1)
+    mem = state.mem_used / np.maximum(state.mem_cap, 1)
+    return (cpu + mem) / 2.0
+
+
+def pod_utilisation_delta(pod: Pod, state: ClusterState, candidates: np.ndarray) -> np.ndarray:
+    """(k,) how much the pod raises each candidate's mean(cpu, memory) utilisation."""
+    c = np.asarray(candidates, dtype=np.int64)
+    return (pod.cpu_milli / np.maximum(state.cpu_cap[c], 1) + pod.memory_mib / np.maximum(state.mem_cap[c], 1)) / 2.0
+
+
+def overload_loss(u: np.ndarray) -> np.ndarray:
+    """What the utilisation score loses to the knee at utilisation ``u``: u / 0.8 - score(u) (0 below it)."""
+    u = np.clip(u, 0.0, 1.0)
+    over = np.maximum(u - UTILISATION_KNEE, 0.0)
+    return over / UTILISATION_KNEE + 0.5 * over / (1.0 - UTILISATION_KNEE)
+
+
+# ---------------------------------------------------------------------------------------------
+# Gains, each in its reward component's units
+
+
+def score_balance_gain(pod: Pod, state: ClusterState, candidates: np.ndarray) -> np.ndarray:
+    """Change of 1 - 2 * std(per-node utilisation) over schedulable nodes with the pod on each candidate."""
+    c = np.asarray(candidates, dtype=np.int64)
+    up = state.schedulable
+    n = int(up.sum())
+    if n == 0 or len(c) == 0:
+        return np.zeros(len(c))
+    u = node_mean_utilisation(state)
+    s, q = float(u[up].sum()), float((u[up] ** 2).sum())
+    std0 = np.sqrt(max(q / n - (s / n) ** 2, 0.0))
+    d = np.where(up[c], pod_utilisation_delta(pod, state, c), 0.0)
+    q1 = q + 2.0 * u[c] * d + d ** 2
+    std1 = np.sqrt(np.maximum(q1 / n - ((s + d) / n) ** 2, 0.0))
+    return -2.0 * (std1 - std0)
+
+
+def score_utilisation_gain(pod: Pod, state: ClusterState, candidates: np.ndarray) -> np.ndarray:
+    """Minus the change of the mean per-node overload loss (the knee part of the utilisation score)."""
+    c = np.asarray(candidates, dtype=np.int64)
+    n = max(int(state.schedulable.sum()), 1)
+    u = node_mean_utilisation(state)[c]
+    d = pod_utilisation_delta(pod, state, c)
+    return -(overload_loss(u + d) - overload_loss(u)) / n
+
+
+def _ls_running(state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+    return np.array([sum(p.qos == LS_QOS for p in state.bound[i]) for i in nodes], dtype=np.float64)
+
+
+def _ls_totals(state: ClusterState, pod: Pod) -> tuple[np.ndarray, float, float]:
+    """(LS pods per node, LS pods running, the same with ``pod`` bound)."""
+    ls_nodes = _ls_running(state, np.arange(state.n_nodes))
+    total0 = float(ls_nodes.sum())
+    return ls_nodes, total0, total0 + (pod.qos == LS_QOS)
+
+
+def score_ls_gain(pod: Pod, state: ClusterState, candidates: np.ndarray,
+                  threshold: float = HOT_NODE_THRESHOLD) -> np.ndarray:
+    """Change of the share of LS pods not on a hot node (cpu pressure > ``threshold``): the LS pods
+    of a candidate the pod pushes over the threshold turn bad, and so does an LS pod put on a node
+    that is hot after placement."""
+    c = np.asarray(candidates, dtype=np.int64)
+    out = np.zeros(len(c))
+    if len(c) == 0:
+        return out
+    pressure = node_cpu_pressure(state)
+    after = pressure[c] + pod.cpu_milli / np.maximum(state.cpu_cap[c], 1)
+    crossing = (pressure[c] <= threshold) & (after > threshold)
+    own = (after > threshold).astype(np.float64) if pod.qos == LS_QOS else out
+    if not crossing.any() and not own.any():
+        return out
+    ls_nodes, total0, total1 = _ls_totals(state, pod)
+    if total1 == 0:  # no LS pod anywhere: nothing to lose
+        return out
+    bad0 = float(ls_nodes[pressure > threshold].sum())
+    before = 1.0 - bad0 / total0 if total0 else 1.0
+    return 1.0 - (bad0 + np.where(crossing, ls_nodes[c], 0.0) + own) / total1 - before
+
+
+def _label_count(state: ClusterState, label: str) -> int:
+    """Bound pods carrying ``label=true`` (from the pod index, no scan)."""
+    idx = pod_index(state)
+    return int(sum(idx.groups[g][1].sum() for g in idx.group_pairs.get((label, "true"), ())))
+
+
+def score_io_gain(pod: Pod, state: ClusterState, candidates: np.ndarray) -> np.ndarray:
+    """Change of the share of IO-heavy pods on local-SSD nodes (0 for a pod that is not IO-heavy)."""
+    c = np.asarray(candidates, dtype=np.int64)
+    if pod.labels.get(IO_HEAVY_LABEL) != "true":
+        return np.zeros(len(c))
+    total = _label_count(state, IO_HEAVY_LABEL)
+    ssd = np.array([state.nodes[i].labels.get(LOCAL_SSD_LABEL) == "true" for i in c], dtype=np.float64)
+    return ssd / (total + 1)  # (ok + ssd) / (total + 1) - ok / total, up to a constant
+
+
+def score_net_gain(pod: Pod, state: ClusterState, candidates: np.ndarray) -> np.ndarray:
+    """Change (up to a candidate-independent shift) of the mean share of a network-heavy pod's
+    service peers in its zone, over network-heavy pods, with the pod in each candidate's zone."""
+    c = np.asarray(candidates, dtype=np.int64)
+    if not pod.service:
+        return np.zeros(len(c))
+    me_net = pod.labels.get(NETWORK_HEAVY_LABEL) == "true"
+    heavy_groups = pod_index(state).group_pairs.get((NETWORK_HEAVY_LABEL, "true"), frozenset())
+    if not me_net and not any(ns == pod.namespace for ns, _ in heavy_groups):
+        return np.zeros(len(c))  # no network-heavy peer can gain from it
+    peers: dict[str, int] = {}  # zone -> pods of the service
+    heavy: dict[str, int] = {}  # zone -> network-heavy pods of the service
+    for node, pods in zip(state.nodes, state.bound):
+        for q in pods:
+            if q.service == pod.service and q.namespace == pod.namespace:
+                peers[node.zone] = peers.get(node.zone, 0) + 1
+                if q.labels.get(NETWORK_HEAVY_LABEL) == "true":
+                    heavy[node.zone] = heavy.get(node.zone, 0) + 1
+    total = sum(peers.values())  # the pod's peers; each heavy pod's peer count becomes ``total`` too
+    if total == 0 or not (me_net or heavy):
+        return np.zeros(len(c))
+    n_heavy = _label_count(state, NETWORK_HEAVY_LABEL) + me_net
+    zones = [state.nodes[i].zone for i in c]
+    gain = {}
+    for z in set(zones):
+        own = me_net * peers.get(z, 0) / total  # the pod's share of peers in its zone
+        others = heavy.get(z, 0) / total  # each heavy peer in z gains one peer in zone
+        gain[z] = (own + others) / max(n_heavy, 1)
+    return np.array([gain[z] for z in zones], dtype=np.float64)
+
+
+def reward_gains(pod: Pod, state: ClusterState, candidates: np.ndarray,
+                 threshold: float = HOT_NODE_THRESHOLD) -> dict[str, np.ndarray]:
+    """Every gain of ``GAINS`` per candidate (for the score and for explanations)."""
+    c = np.asarray(candidates, dtype=np.int64)
+    return {"balance": score_balance_gain(pod, state, c), "utilisation": score_utilisation_gain(pod, state, c),
+            "ls_ok": score_ls_gain(pod, state, c, threshold), "io_locality": score_io_gain(pod, state, c),
+            "net_locality": score_net_gain(pod, state, c)}
+
+
+def score_preferences(pod: Pod, state: ClusterState, candidates: np.ndarray,
+                      weights: dict[str, int] = DEFAULT_PLUGIN_WEIGHTS) -> np.ndarray:
+    """kube-default's preference plugins, weighted as in its profile, as a mean in 0..100."""
+    c = np.asarray(candidates, dtype=np.int64)
+    total = np.zeros(len(c))
+    wsum = 0
+    for name, scorer in PREFERENCE_PLUGINS.items():
+        w = weights.get(name, 0)
+        if w:
+            total += w * scorer(pod, state, c)
+            wsum += w
+    return total / wsum if wsum else total
+
+
+# ---------------------------------------------------------------------------------------------
+# The policy
+
+
+def gain_weights(weights: RewardWeights) -> dict[str, float]:
+    """Reward weights -> weight of each gain (sla over its 4 sub-terms, business over its 2), sum-normalised."""
+    norm = sum(weights.as_dict().values()) or 1.0
+    return {"balance": weights.balance / norm, "utilisation": weights.utilisation / norm,
+            "ls_ok": weights.sla / 4.0 / norm, "io_locality": weights.business / 2.0 / norm,
+            "net_locality": weights.business / 2.0 / norm}
+
+
+@dataclass(frozen=True)
+class RewardAwareConfig:
+    scheme: str = "fixed"  # one of reward.SCHEMES: where the gain weights come from
+    preference_weight: float = 0.1  # score points of a candidate with every preference plugin at 100
+    threshold: float = HOT_NODE_THRESHOLD  # cpu pressure above which a node is hot for LS pods
+    factors: Mapping[str, float] = field(default_factory=dict)  # gain name -> multiplier of its weight (1)
+
+    def __post_init__(self) -> None:
+        if self.scheme not in SCHEMES:
+            raise ValueError(f"unknown reward scheme {self.scheme!r}; known: {', '.join(SCHEMES)}")
+        if self.preference_weight < 0:
+            raise ValueError("preference_weight must be >= 0")
+        unknown = set(self.factors) - set(GAINS)
+        if unknown or any(f < 0 for f in self.factors.values()):
+            raise ValueError(f"factors must be >= 0 and name gains of {GAINS}, got {dict(self.factors)}")
+
+
+def scheme_gain_weights(scheme: RewardScheme, load: float) -> dict[str, float]:
+    """Gain weights of ``scheme`` at cluster load ``load``. Lexicographic: its tiers become weights,
+    constraints (never at stake: candidates are feasible) aside, sla first when the load is stressful."""
+    w = gain_weights(scheme_weights(scheme, load))
+    if scheme.name == "lexicographic" and load >= scheme.stress_load:
+        w["ls_ok"] *= scheme.base
+    return w
+
+
+class RewardAwarePolicy(PolicyBase):
+    """Sum over ``GAINS`` of weight * gain * schedulable nodes, plus the preference plugins."""
+
+    name = "reward-aware"
+
+    def __init__(self, config: RewardAwareConfig = RewardAwareConfig()):
+        self.config = config
+        self.scheme = RewardScheme(config.scheme)
+        if config.scheme != "fixed":
+            self.name = f"reward-aware-{config.scheme.replace('_', '-')}"
+
+    def score(self, pod: Pod, state: ClusterState, candidates: np.ndarray) -> np.ndarray:
+        c = np.asarray(candidates, dtype=np.int64)
+        if len(c) == 0:
+            return np.zeros(0)
+        weights = scheme_gain_weights(self.scheme, cluster_load(state) if self.scheme.name != "fixed" else 0.0)
+        n = max(int(state.schedulable.sum()), 1)
+        gains = reward_gains(pod, state, c, self.config.threshold)
+        total = sum(weights[k] * self.config.factors.get(k, 1.0) * g for k, g in gains.items()) * n
+        if self.config.preference_weight > 0:
+            total = total + self.config.preference_weight * score_preferences(pod, state, c) / MAX_NODE_SCORE
+        return np.asarray(total, dtype=np.float64)
