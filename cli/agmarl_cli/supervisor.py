@@ -60,6 +60,7 @@ class System:
             "NATS_URL": self.nats_url,
             "AGMARL_NATS_URL": self.nats_url,
             "AGMARL_TRACE_DIR": str(self.trace_dir),
+            "AGMARL_STATE_DIR": str(self.root),  # the trainer's work files (experience buffer) live under it
             "OTEL_SERVICE_NAME": service,
             "PYTHONUNBUFFERED": "1",
             "AGMARL_PARENT_PID": str(os.getpid()),

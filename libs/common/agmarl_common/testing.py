@@ -129,6 +129,8 @@ def service_processes(tmp_path: Path) -> Iterator:
     started: list[ServiceProcess] = []
 
     def start(module: str, env: Mapping[str, str] | None = None, args: Sequence[str] = ()) -> ServiceProcess:
+        # work files (the trainer's experience buffer, models) in the test's folder, never the repo's .state
+        env = {"AGMARL_STATE_DIR": str(tmp_path / "state"), **(env or {})}
         proc = ServiceProcess(module, env, args, tmp_path / f"{module.replace('.', '_')}-{len(started)}.log")
         started.append(proc.start())
         return proc

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from agmarl_common import messages as m
-from agmarl_common.cluster.compact import compact_dict, drop_pending, pod_key_of
+from agmarl_common.cluster.compact import bound_pod_dicts, compact_dict, drop_pending, pod_key_of
 
 _BOUND = -1  # position of a pod found bound, not pending
 
@@ -46,7 +46,7 @@ class SnapshotView:
         """(pod dict, position among pending or -1 when bound) of pod ``key``; None when absent."""
         if self._pods is None:
             pods: dict[str, tuple[dict[str, Any], int]] = {}
-            for row in self.msg.state.get("bound") or ():
+            for row in bound_pod_dicts(self.msg.state):
                 for p in row:
                     pods[pod_key_of(p)] = (p, _BOUND)
             for k, p in enumerate(self.msg.pending):

@@ -16,12 +16,13 @@ from prometheus_client import Counter, Gauge
 from agmarl_common import messages as m
 from agmarl_common import subjects
 from agmarl_common.cluster.filters import violations
-from agmarl_common.cluster.model import state_to_dict, to_dict
+from agmarl_common.cluster.model import to_dict
 from agmarl_common.reward import balance_std, utilisation_by_resource
 from agmarl_common.service import HandlerContext, ServiceRuntime
 from agmarl_common.settings import load_settings
 from agmarl_state_collector.settings import CollectorSettings
 from agmarl_state_collector.simsource import SimulatedCluster
+from agmarl_state_collector.snapshots import SnapshotPublisher, snapshot_message
 
 SERVICE = "state-collector"
 
@@ -33,6 +34,7 @@ class CollectorApp:
         self.sim = sim
         self.seq = 0
         self.violations = 0
+        self.snapshots = SnapshotPublisher(rt, settings.max_message_bytes)
         reg = rt.registry
         self.bound_total = Counter("agmarl_pods_bound_total", "Pods bound in the cluster", registry=reg)
         self.rejected_total = Counter("agmarl_bind_rejected_total", "Decisions refused by the hard filter at bind",
@@ -104,9 +106,8 @@ class CollectorApp:
         self.pending_gauge.set(stats["pending"])
         self.sched_pending.labels(queue="active").set(stats["pending"])
         self.violations_gauge.set(len(found))
-        await self.rt.publish(subjects.snapshot(self.settings.cluster), m.ClusterSnapshot(
-            cluster=self.settings.cluster, seq=self.seq, time=state.time, state=state_to_dict(cluster),
-            pending=[to_dict(p) for p in state.pending_pods()], stats=stats))
+        await self.snapshots.publish(snapshot_message(self.settings.cluster, self.seq, state.time, cluster,
+                                                      state.pending_pods(), stats))
 
     async def run_loop(self) -> None:
         """Tick forever; the runtime cancels this task at shutdown."""

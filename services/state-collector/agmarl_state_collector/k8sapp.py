@@ -20,12 +20,13 @@ from prometheus_client import Gauge
 from agmarl_common import messages as m
 from agmarl_common import subjects
 from agmarl_common.cluster.filters import violations
-from agmarl_common.cluster.model import state_to_dict, to_dict
+from agmarl_common.cluster.model import to_dict
 from agmarl_common.reward import balance_std, utilisation_by_resource
 from agmarl_common.service import ServiceRuntime
 from agmarl_state_collector.k8scache import Change
 from agmarl_state_collector.k8ssource import KubernetesSource, WatchConfig, load_api_client
 from agmarl_state_collector.settings import CollectorSettings
+from agmarl_state_collector.snapshots import SnapshotPublisher, snapshot_message
 
 SERVICE = "state-collector"
 
@@ -51,6 +52,7 @@ class KubernetesCollectorApp:
         self.clock = clock
         self.seq = 0
         self.announced: dict[str, float] = {}  # pending pod key -> when last published
+        self.snapshots = SnapshotPublisher(rt, settings.max_message_bytes)
         reg = rt.registry
         self.pending_gauge = Gauge("agmarl_pending_pods", "Pods waiting for a node", registry=reg)
         self.util_gauge = Gauge("agmarl_cluster_utilisation_ratio", "Requested / allocatable", ["resource"],
@@ -112,9 +114,8 @@ class KubernetesCollectorApp:
         self.violations_gauge.set(len(found))
         for what, value in vars(self.source.stats).items():
             self.watch_gauge.labels(what=what).set(value)
-        await self.rt.publish(subjects.snapshot(self.settings.cluster), m.ClusterSnapshot(
-            cluster=self.settings.cluster, seq=self.seq, time=self.clock(), state=state_to_dict(state),
-            pending=[to_dict(p) for p in pending], stats=stats))
+        await self.snapshots.publish(snapshot_message(self.settings.cluster, self.seq, self.clock(), state, pending,
+                                                      stats))
 
     async def run_loop(self) -> None:
         """Snapshot on change (debounced) or every resync period; re-announce long-pending pods."""

@@ -98,8 +98,11 @@ class SimulatedCluster:
 
 
 def add_workload(state: dynamic.SimState, pods: list[Pod]) -> dynamic.SimState:
-    """Append later arrivals to the simulator's workload (times must not precede what is queued)."""
+    """Add later arrivals to the simulator's workload, merged by creation time with the pods not arrived yet
+    (a chunk's last pods may come a little after the next chunk's first); none may precede an arrived pod."""
     later = tuple(sorted(pods, key=lambda p: p.creation_time))
-    if later and state.workload and later[0].creation_time < state.workload[-1].creation_time:
-        raise ValueError("appended workload starts before the current workload ends")
-    return replace(state, workload=state.workload + later)
+    arrived, queued = state.workload[:state.next_arrival], state.workload[state.next_arrival:]
+    if later and arrived and later[0].creation_time < arrived[-1].creation_time:
+        raise ValueError("added workload starts before pods that already arrived")
+    merged = tuple(sorted(queued + later, key=lambda p: p.creation_time))  # stable: queued first on ties
+    return replace(state, workload=arrived + merged)

@@ -18,6 +18,7 @@ from agmarl_common import messages as m
 from agmarl_common import subjects
 from agmarl_common.bus import Bus
 from agmarl_common.cluster.filters import violations
+from agmarl_common.cluster.model import state_from_dict
 from agmarl_common.kubeconvert import node_from_k8s, pod_from_k8s
 from agmarl_common.testing import wait_healthy
 from agmarl_common.testing_k8s import StandInApiServer, node_json, pod_json
@@ -218,7 +219,7 @@ async def test_service_publishes_pending_batch_pods_from_the_standin(nats_url, t
         assert await until(lambda: "train2" in {p.pod["name"] for p in pending}, timeout=5.0)
         assert await until(lambda: len(snapshots[-1].pending) == 3, timeout=5.0)
         last = snapshots[-1]
-        assert [n["name"] for n in last.state["nodes"]] == ["n1", "n2"]
+        assert [n.name for n in state_from_dict(last.state).nodes] == ["n1", "n2"]  # compact form, decoded
         assert last.stats["bound"] == 1.0 and last.stats["pending"] == 3.0
         assert proc.stop() == 0
     finally:

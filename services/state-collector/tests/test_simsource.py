@@ -1,7 +1,11 @@
 """The simulated source: announcing pending pods, retries, binding through the simulator."""
 
+import pytest
+
 from agmarl_common.cluster.filters import violations
-from agmarl_state_collector.simsource import SimulatedCluster
+from agmarl_common.cluster.model import Pod
+from agmarl_common.sim import dynamic
+from agmarl_state_collector.simsource import SimulatedCluster, add_workload
 
 
 def make() -> SimulatedCluster:
@@ -39,3 +43,26 @@ def test_workload_continues_past_the_first_chunk():
         sim.advance(10.0)
     assert sim.chunk >= 3
     assert sim.state.counters.arrived > 0
+
+
+def test_added_workload_merges_with_pods_not_arrived_yet():
+    state = dynamic.reset(make().nodes, [Pod(f"a{t}", 1, 1, creation_time=float(t)) for t in (1, 5, 601)])
+    state, _ = dynamic.advance(state, 10.0)  # a1 and a5 arrived, a601 still queued
+    assert state.next_arrival == 2
+    state = add_workload(state, [Pod("b700", 1, 1, creation_time=700.0), Pod("b600", 1, 1, creation_time=600.5)])
+    assert [p.name for p in state.workload] == ["a1", "a5", "b600", "a601", "b700"]
+    with pytest.raises(ValueError, match="already arrived"):
+        add_workload(state, [Pod("late", 1, 1, creation_time=2.0)])
+    state, _ = dynamic.advance(state, 700.0)
+    assert state.counters.arrived == 5
+
+
+def test_the_source_keeps_every_chunk_when_a_chunk_overruns_its_horizon():
+    sim = SimulatedCluster.create(n_nodes=50, zones=2, workload="batch_online_mix", rate=None, seed=42,
+                                  chunk_seconds=600, retry_seconds=2.0)  # the `agmarl up` defaults
+    first = len(sim.state.workload)
+    assert max(p.creation_time for p in sim.state.workload) > 600  # chunk 0 runs past its 600 s
+    for _ in range(4):
+        sim.advance(90.0)  # chunk 1 (starting at 601.4 s, before chunk 0's last pod) is added at 300 s
+    assert sim.chunk == 2 and len(sim.state.workload) > first
+    assert len({p.key for p in sim.state.workload}) == len(sim.state.workload)

@@ -110,7 +110,8 @@ class TrainerApp:
         self.work_dir = Path(work_dir)
         self.requests = Counter("agmarl_trainer_requests_total", "Train requests received", ["status"],
                                 registry=rt.registry)
-        self.buffer = ExperienceBuffer(settings.experience_buffer, self.work_dir / "experience.jsonl")
+        self.buffer = ExperienceBuffer(settings.experience_buffer, self.work_dir / "experience.jsonl",
+                                       max_bytes=settings.experience_max_bytes)
         self.experience_total = Counter("agmarl_trainer_experience_total", "Experience transitions received",
                                         registry=rt.registry)
         latest = self.work_dir / "latest_published"
@@ -251,7 +252,7 @@ class TrainerApp:
 async def main() -> int:
     settings = load_settings(TrainerSettings)
     rt = ServiceRuntime(SERVICE, settings)
-    app = TrainerApp(rt, settings)
+    app = TrainerApp(rt, settings, Path(settings.state_dir) / "trainer" if settings.state_dir else WORK_DIR)
     rt.handle_request(subjects.train_request(), m.TrainRequest, m.TrainStatus)(app.on_request)
     rt.handle_stream(subjects.EXPERIENCE, subjects.experience(settings.cluster), f"trainer-{subjects.token(settings.cluster)}",
                      m.Experience)(

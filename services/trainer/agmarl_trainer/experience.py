@@ -138,54 +138,77 @@ def decision_sample(d: Decision) -> Sample:
 
 
 class ExperienceBuffer:
-    """The last ``capacity`` transitions (deduplicated by id), mirrored to a JSONL file so a restart keeps
-    them. The file is rewritten with the kept transitions when it holds twice as many lines."""
+    """The last ``capacity`` transitions (deduplicated by id) and at most ``max_bytes`` of their JSON,
+    mirrored to a JSONL file so a restart keeps them. The file is rewritten with the kept transitions when
+    it holds twice as many lines or bytes; at start only its tail (the newest ``max_bytes``) is read."""
 
-    def __init__(self, capacity: int, path: Path | None = None):
+    def __init__(self, capacity: int, path: Path | None = None, max_bytes: int = 64 * 1024 * 1024):
         self.capacity = max(1, capacity)
+        self.max_bytes = max(1, max_bytes)
         self.path = path
         self.items: OrderedDict[str, m.Experience] = OrderedDict()
+        self._sizes: dict[str, int] = {}
+        self.bytes = 0
         self._lines = 0
+        self._file_bytes = 0
         if path is not None and path.is_file():
-            for line in path.read_text().splitlines():
+            for line in _tail_lines(path, self.max_bytes):
                 try:
-                    self._keep(m.Experience.model_validate(json.loads(line)))
+                    self._keep(m.Experience.model_validate_json(line), len(line) + 1)
                 except ValueError:
                     continue  # a torn last line after a crash
-                self._lines += 1
+            self.write(path)  # drop what the tail left out
 
     def __len__(self) -> int:
         return len(self.items)
 
-    def _keep(self, exp: m.Experience) -> bool:
+    def _keep(self, exp: m.Experience, size: int) -> bool:
         if exp.id in self.items:
             return False
         self.items[exp.id] = exp
-        while len(self.items) > self.capacity:
-            self.items.popitem(last=False)
+        self._sizes[exp.id] = size
+        self.bytes += size
+        while len(self.items) > 1 and (len(self.items) > self.capacity or self.bytes > self.max_bytes):
+            old, _ = self.items.popitem(last=False)
+            self.bytes -= self._sizes.pop(old)
         return True
 
     def add(self, exp: m.Experience) -> bool:
         """Keep one transition (False when its id is already kept)."""
-        if not self._keep(exp):
+        line = exp.model_dump_json() + "\n"
+        if not self._keep(exp, len(line)):
             return False
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self.path.open("a") as f:
-                f.write(exp.model_dump_json() + "\n")
+                f.write(line)
             self._lines += 1
-            if self._lines > 2 * self.capacity:
+            self._file_bytes += len(line)
+            if self._lines > 2 * self.capacity or self._file_bytes > 2 * self.max_bytes:
                 self.write(self.path)
-                self._lines = len(self.items)
         return True
 
     def write(self, path: Path) -> int:
         """Every kept transition, oldest first, as JSONL (atomic replace); returns how many."""
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text("".join(e.model_dump_json() + "\n" for e in self.items.values()))
+        text = "".join(e.model_dump_json() + "\n" for e in self.items.values())
+        tmp.write_text(text)
         tmp.replace(path)
+        if path == self.path:
+            self._lines, self._file_bytes = len(self.items), len(text)
         return len(self.items)
+
+
+def _tail_lines(path: Path, max_bytes: int) -> list[str]:
+    """The complete lines among the last ``max_bytes`` of a file (never the whole of a huge file)."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        if size > max_bytes:
+            f.seek(size - max_bytes)
+            f.readline()  # a partial line
+        data = f.read()
+    return [ln for ln in data.decode("utf-8", errors="replace").splitlines() if ln.strip()]
 
 
 def read_experience(path: str | Path) -> list[m.Experience]:

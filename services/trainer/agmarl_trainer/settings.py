@@ -6,4 +6,6 @@ from agmarl_common.settings import CommonSettings
 
 
 class TrainerSettings(CommonSettings):
-    experience_buffer: int = 100_000  # recent transitions kept in memory for fine-tuning
+    experience_buffer: int = 20_000  # recent transitions kept for fine-tuning (at most this many)
+    experience_max_bytes: int = 64 * 1024 * 1024  # ... and at most this much JSON (a transition is ~40-110 KB)
+    state_dir: str = ""  # AGMARL_STATE_DIR, as `agmarl up`: work files in <state_dir>/trainer; "" = <repo>/.state

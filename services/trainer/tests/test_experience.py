@@ -209,3 +209,23 @@ async def test_live_experience_from_the_reward_calculator_becomes_samples(nats_u
         assert all(s.graph.n_nodes == len(NODES) and s.graph.n_pods == 1 for s in samples)
     finally:
         await bus.close()
+
+
+def test_buffer_is_bounded_in_bytes_and_reads_only_the_tail(tmp_path):
+    """A long-running trainer must not grow its file without bound nor read a huge file at start."""
+    path = tmp_path / "experience.jsonl"
+    big = {"cluster": {"blob": "x" * 2000}}
+    exps = [m.Experience(id=f"e{i}", cluster="c", state=big, action={}, reward=0.5,
+                         next_state={}, time=float(i)) for i in range(60)]
+    size = max(len(e.model_dump_json()) + 1 for e in exps)
+    buf = ExperienceBuffer(1000, path, max_bytes=10 * size)
+    for e in exps:
+        buf.add(e)
+    assert len(buf) == 10 and list(buf.items)[0] == "e50" and buf.bytes <= 10 * size
+    assert path.stat().st_size <= 2 * 10 * size + size  # rewritten when it holds twice the budget
+    with path.open("a") as f:  # a crash left a torn line; a bigger budget on restart still reads the tail only
+        f.write('{"id": "torn"')
+    again = ExperienceBuffer(1000, path, max_bytes=10 * size)
+    kept = list(again.items)  # the newest transitions that fit in the tail (the torn line takes some room)
+    assert len(kept) >= 9 and kept == list(buf.items)[-len(kept):]
+    assert path.stat().st_size == again.bytes <= 10 * size

@@ -603,6 +603,15 @@ def state_to_dict(state: ClusterState) -> dict[str, Any]:
 
 
 def state_from_dict(data: Mapping[str, Any]) -> ClusterState:
+    """Inverse of ``state_to_dict``; also decodes the compact forms of ``cluster.compact`` (a ``"format"`` key):
+    a compact snapshot exactly, a compact experience state without pod identity (its pending pods dropped)."""
+    if "format" in data:
+        from agmarl_common.cluster import compact  # compact builds on this module
+        if compact.is_snapshot(data):
+            return compact.state_from_snapshot(data)
+        if compact.is_compact(data):
+            return compact.state_from_compact(data)[0]
+        raise ValueError(f"unknown cluster state format {data['format']!r}")
     nodes = tuple(node_from_dict(n) for n in data["nodes"])
     state = ClusterState.empty(nodes)
     cpu, mem, cnt, eph = (a.copy() for a in (state.cpu_used, state.mem_used, state.pods_used, state.eph_used))

@@ -1,0 +1,145 @@
+"""Snapshots of a large cluster reach a real consumer (real NATS, the services' decoding middleware, the
+1 MiB limit) and decode to the collector's exact state; a snapshot over the limit is counted, logged and
+not published, and the collector carries on."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+
+from agmarl_common import messages as m
+from agmarl_common import subjects
+from agmarl_common.bus import Bus
+from agmarl_common.cluster.model import MAX_GPUS, ClusterState, choose_gpus, state_from_dict, state_to_dict, to_dict
+from agmarl_common.service import ServiceRuntime
+from agmarl_common.settings import CommonSettings
+from agmarl_common.sim import dynamic
+from agmarl_common.sim.traces import load_openb_nodes, load_openb_pods
+from agmarl_state_collector.app import CollectorApp
+from agmarl_state_collector.settings import CollectorSettings
+from agmarl_state_collector.simsource import SimulatedCluster
+
+N_BOUND = 7000  # the full form is ~1.45 MB: over the limit since ~3,500 bound pods
+
+
+def openb_cluster(n_bound: int) -> ClusterState:
+    """The 1,523 openb nodes holding the first ``n_bound`` openb pods that fit (seeded spread)."""
+    nodes, pods = load_openb_nodes(), load_openb_pods()
+    cpu, mem = np.array([n.cpu_milli for n in nodes]), np.array([n.memory_mib for n in nodes])
+    model = np.array([n.gpu_model for n in nodes])
+    gfree = np.where(np.arange(MAX_GPUS)[None, :] < np.array([n.gpu_count for n in nodes])[:, None], 1000, 0)
+    bound: list[list[dict]] = [[] for _ in nodes]
+    placed = 0
+    for k, p in enumerate(pods):
+        if placed == n_bound:
+            break
+        ok = (cpu >= p.cpu_milli) & (mem >= p.memory_mib)
+        if p.num_gpu:
+            ok &= (gfree >= p.gpu_milli).sum(axis=1) >= p.num_gpu
+            ok &= np.isin(model, p.gpu_spec) if p.gpu_spec else True
+        fit = np.flatnonzero(ok)
+        if fit.size == 0:
+            continue
+        i = int(fit[(k * 7919) % fit.size])
+        gpus = choose_gpus(p, gfree[i]) if p.num_gpu else ()
+        cpu[i] -= p.cpu_milli
+        mem[i] -= p.memory_mib
+        for j in gpus:
+            gfree[i, j] -= p.gpu_milli if p.is_gpu_share else 1000
+        bound[i].append(to_dict(replace(p, node_name=nodes[i].name, gpu_devices=tuple(gpus))))
+        placed += 1
+    assert placed == n_bound
+    return state_from_dict({"nodes": [to_dict(n) for n in nodes], "bound": bound})
+
+
+@pytest.fixture(scope="module")
+def large() -> ClusterState:
+    return openb_cluster(N_BOUND)
+
+
+def simulated(cluster: ClusterState) -> SimulatedCluster:
+    """The collector's simulated source, its cluster replaced by ``cluster``."""
+    sim = SimulatedCluster.create(n_nodes=4, zones=1, workload="diurnal", rate=1.0, seed=1, chunk_seconds=60,
+                                  retry_seconds=2.0)
+    sim.state = replace(dynamic.reset(cluster.nodes, [], sim.config, 1), cluster=cluster)
+    return sim
+
+
+def total(registry: CollectorRegistry, name: str) -> float:
+    return sum(s.value for metric in registry.collect() for s in metric.samples if s.name == name)
+
+
+async def until(predicate, timeout: float = 10.0) -> bool:
+    for _ in range(int(timeout / 0.05)):
+        if predicate():
+            return True
+        await asyncio.sleep(0.05)
+    return bool(predicate())
+
+
+async def test_a_large_snapshot_is_accepted_by_a_real_consumer(nats_url, large):
+    cluster = "big-snapshot"
+    collector = ServiceRuntime("state-collector", CollectorSettings(nats_url=nats_url, cluster=cluster))
+    consumer = ServiceRuntime("snapshot-consumer", CommonSettings(nats_url=nats_url, cluster=cluster))
+    got: list[tuple[m.ClusterSnapshot, ClusterState]] = []
+
+    @consumer.handle(subjects.snapshot(cluster), m.ClusterSnapshot)
+    async def on_snapshot(msg: m.ClusterSnapshot, ctx) -> None:  # as graph-builder / inference decode it
+        got.append((msg, state_from_dict(msg.state)))
+
+    app = CollectorApp(collector, collector.settings, simulated(large))
+    async with consumer, collector:
+        await app.publish_snapshot()
+        assert await until(lambda: got), "the consumer did not accept the snapshot"
+        # the full form, as published before, is rejected by the same consumer
+        bus = await Bus.connect(nats_url, "full-form")
+        try:
+            await bus.publish(subjects.snapshot(cluster), m.ClusterSnapshot(
+                cluster=cluster, seq=99, time=0.0, state=state_to_dict(large)))
+            assert await until(lambda: total(consumer.registry, "agmarl_messages_rejected_total") == 1)
+        finally:
+            await bus.close()
+    msg, state = got[0]
+    assert len(got) == 1 and msg.seq == 1 and int(state.pods_used.sum()) == N_BOUND
+    size = app.snapshots.bytes_gauge._value.get()
+    print(f"state-collector snapshot, 1523 openb nodes, {N_BOUND} bound pods: {int(size)} bytes")
+    assert size < m.MAX_MESSAGE_BYTES < len(m.encode(m.ClusterSnapshot(cluster=cluster, seq=1, time=0.0,
+                                                                         state=state_to_dict(large))))
+    assert state.nodes == large.nodes and state.bound == large.bound  # identity, specs, nodes, devices
+    for k in ("cpu_used", "mem_used", "pods_used", "gpu_used", "eph_used", "affinity_pods"):
+        assert np.array_equal(getattr(state, k), getattr(large, k)), k
+    assert total(collector.registry, "agmarl_snapshots_oversized_total") == 0
+
+
+async def test_an_oversized_snapshot_is_counted_logged_and_skipped(nats_url, large, caplog):
+    cluster = "over-limit"
+    settings = CollectorSettings(nats_url=nats_url, cluster=cluster, max_message_bytes=100_000)
+    collector = ServiceRuntime("state-collector", settings)
+    seen: list[m.ClusterSnapshot] = []
+    app = CollectorApp(collector, settings, simulated(large))
+    async with collector:
+        bus = await Bus.connect(nats_url, "watcher")
+
+        async def on_snapshot(raw) -> None:
+            seen.append(m.decode(m.ClusterSnapshot, raw.data))
+
+        try:
+            await bus.subscribe(subjects.snapshot(cluster), on_snapshot)
+            with caplog.at_level(logging.ERROR, logger="agmarl.state-collector"):
+                await app.publish_snapshot()
+                await app.publish_snapshot()
+            assert total(collector.registry, "agmarl_snapshots_oversized_total") == 2
+            errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+            assert len(errors) == 1 and "exceeds the message limit of 100000 bytes" in errors[0]
+            assert f"1523 nodes, {N_BOUND} bound pods" in errors[0]
+            app.snapshots.max_bytes = m.MAX_MESSAGE_BYTES  # the collector kept going: the next one fits
+            await app.publish_snapshot()
+            assert await until(lambda: seen)
+        finally:
+            await bus.close()
+    assert [s.seq for s in seen] == [3]
