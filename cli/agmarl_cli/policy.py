@@ -2,7 +2,9 @@
 
 ``set`` and ``rollback`` write the selection (key ``active_policy``) and the history (key
 ``policy_history``) and publish the PolicySelection event, as the adaptive-engine does for its own
-switches; the engine adopts the change and leaves it alone for its hold time.
+switches; the engine adopts the change and leaves it alone for its hold time. ``set`` accepts any name
+the policy registry knows, and ``model:<version>`` for a version stored only in the Object Store
+bucket ``agmarl_models`` (``<version>/manifest.json`` there; the inference service fetches it).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import time
 
 from agmarl_cli.supervisor import find_nats_url
 from agmarl_common import messages as m
-from agmarl_common import subjects
+from agmarl_common import modelstore, subjects
 from agmarl_common.adaptive import history as hist
 from agmarl_common.bus import Bus
 from agmarl_common.policies.registry import get_policy
@@ -34,6 +36,20 @@ def unknown_policy(name: str) -> str | None:
     except (KeyError, ValueError) as exc:
         return str(exc.args[0] if exc.args else exc)
     return None
+
+
+def stored_version(name: str) -> str | None:
+    """The version ``model:<version>`` names when it is not on disk (then only the Object Store can have it)."""
+    if not name.startswith(hist.MODEL_PREFIX):
+        return None
+    ref = name[len(hist.MODEL_PREFIX):]
+    if ref in ("", "default", "latest") or "/" in ref or ref.startswith(".") or modelstore.local_dir(ref) is not None:
+        return None
+    return ref
+
+
+async def in_object_store(bus: Bus, version: str) -> bool:
+    return await bus.object_get(subjects.MODELS_BUCKET, f"{version}/{modelstore.MANIFEST}") is not None
 
 
 async def _read(bus: Bus) -> tuple[m.PolicySelection | None, list[dict]]:
@@ -69,12 +85,17 @@ async def policy_show(nats_url: str | None = None) -> int:
 
 
 async def policy_set(name: str, mode: str, reason: str, nats_url: str | None = None) -> int:
-    error = unknown_policy(name)
+    version = stored_version(name)  # not on disk: look in the Object Store once connected
+    error = None if version else unknown_policy(name)
     if error:
         print(f"agmarl: {error}", file=sys.stderr)
         return 2
     bus = await Bus.connect(nats_url or find_nats_url(), name="agmarl-policy")
     try:
+        if version and not await in_object_store(bus, version):
+            print(f"agmarl: model {version!r} not found: no model folder on disk and no {version}/"
+                  f"{modelstore.MANIFEST} in the Object Store bucket {subjects.MODELS_BUCKET}", file=sys.stderr)
+            return 2
         current, history = await _read(bus)
         sel = m.PolicySelection(policy=name, mode=mode, reason=f"manual: {reason}", time=time.time(),
                                 previous=current.policy if current else "")

@@ -65,6 +65,7 @@ from agmarl_common import messages as m
 from agmarl_common import modelstore, subjects
 from agmarl_common.adaptive import history as hist
 from agmarl_common.bus import Bus
+from agmarl_common.cluster.compact import bound_pod_dicts
 from agmarl_common.cluster.filters import feasible_nodes, filter_node, violations
 from agmarl_common.cluster.model import (ClusterState, Node, Pod, bind, choose_gpus, pod_from_dict, state_from_dict,
                                          state_to_dict, to_dict)
@@ -152,7 +153,7 @@ def infeasible_bindings(snapshots: Mapping[int, m.ClusterSnapshot],
         pending = {p.key: p for p in map(pod_from_dict, snap.pending)}
         nxt = snapshots.get(seq + 1)
         devices = {f"{p.get('namespace', 'default')}/{p['name']}": tuple(p.get("gpu_devices", ()))
-                   for pods in (nxt.state["bound"] if nxt else []) for p in pods}
+                   for pods in (bound_pod_dicts(nxt.state) if nxt else []) for p in pods}
         for ev in events:
             pod, i = pending.get(ev.pod_key), state.index.get(ev.node)
             if pod is None or i is None:

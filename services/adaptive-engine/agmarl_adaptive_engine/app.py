@@ -8,6 +8,14 @@ the guard with automatic rollback, and canary-only exploration. A loop every ``t
 picks up selections made elsewhere (``agmarl policy set``) from KV and applies the controller's
 switches: each one is written to KV (active + history) and published as a PolicySelection event
 with its reason. Drift alarms become (rate-limited) train requests carrying the evidence.
+
+A ``model_published`` event (the trainer's promotion gate passed) is verified against the Object
+Store (``modelstore.fetch_version``: every digest) and handed to the controller, which makes it the
+active selection at its next tick when the promotion rule allows (``adaptive.controller``: the
+active selection is a model, not held, ``auto_promote`` on): reason ``promoted: model <version>
+published by the trainer (<the gate's reason>)``. The inference service only caches published
+versions; it serves what the selection names. Model names (``model:<version>``) count as known when
+they are on disk or in the Object Store bucket ``agmarl_models``.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from collections import OrderedDict
 from prometheus_client import Counter, Gauge
 
 from agmarl_common import messages as m
-from agmarl_common import subjects
+from agmarl_common import modelstore, subjects
 from agmarl_common.adaptive import history as hist
 from agmarl_common.adaptive.controller import AdaptiveController, ControllerConfig, DriftAlarm, Switch
 from agmarl_common.adaptive.drift import Adwin, PageHinkley
@@ -50,9 +58,9 @@ def expert_map(s: AdaptiveSettings, known=None) -> dict[str, str]:
     return experts
 
 
-def controller_config(s: AdaptiveSettings) -> ControllerConfig:
+def controller_config(s: AdaptiveSettings, known=None) -> ControllerConfig:
     return ControllerConfig(
-        library=ExpertLibrary(experts=expert_map(s), baseline=s.default_policy),
+        library=ExpertLibrary(experts=expert_map(s, known), baseline=s.default_policy),
         gate=GateConfig(s.busy_enter, s.busy_exit, s.affinity_enter, s.affinity_exit, s.regime_dwell_seconds),
         guard=GuardConfig(s.guard_window, s.guard_min_samples, s.guard_min_reward, s.guard_max_drop,
                           s.guard_min_success, s.guard_min_decided),
@@ -61,7 +69,7 @@ def controller_config(s: AdaptiveSettings) -> ControllerConfig:
         quarantine_s=s.quarantine_seconds, default_mode=s.default_mode,
         ph=PageHinkley(delta=s.ph_delta, threshold=s.ph_threshold, min_samples=s.ph_min_samples),
         adwin=Adwin(delta=s.adwin_delta, max_window=s.adwin_max_window),
-        psi_enter=s.psi_enter, psi_exit=s.psi_exit, drift_dwell_s=s.drift_dwell_seconds)
+        psi_enter=s.psi_enter, psi_exit=s.psi_exit, drift_dwell_s=s.drift_dwell_seconds, auto_promote=s.auto_promote)
 
 
 def policy_known(name: str) -> bool:
@@ -76,6 +84,22 @@ def selection_fields(sel: m.PolicySelection) -> dict:
     return sel.model_dump(exclude={"v"})
 
 
+def gate_note(manifest: dict) -> str:
+    """The trainer's promotion-gate reason from a published manifest (``evaluation.verdict``), or ""."""
+    verdict = manifest.get("evaluation", {}).get("verdict", {}) if isinstance(manifest, dict) else {}
+    reason = str(verdict.get("reason", "")) if isinstance(verdict, dict) else ""
+    if isinstance(verdict, dict) and verdict.get("forced"):
+        return f"published without the gate's approval (evidence force): {reason}"
+    return reason
+
+
+async def in_object_store(bus, version: str) -> bool:
+    """``<version>/manifest.json`` exists in the models bucket."""
+    if not version or "/" in version or version.startswith("."):
+        return False
+    return await bus.object_get(subjects.MODELS_BUCKET, f"{version}/{modelstore.MANIFEST}") is not None
+
+
 class AdaptiveApp:
     def __init__(self, rt: ServiceRuntime, settings: AdaptiveSettings):
         self.rt = rt
@@ -86,6 +110,7 @@ class AdaptiveApp:
         self.last_retrain = 0.0
         self.seen: OrderedDict[str, None] = OrderedDict()
         self.last_snapshot: tuple[float, dict] | None = None
+        self.stored: set[str] = set()  # model versions found in the Object Store (verified when published)
         reg = rt.registry
         self.drift_alerts = Counter("agmarl_drift_alerts_total", "Drift alarms", ["detector"], registry=reg)
         self.switches = Counter("agmarl_policy_switches_total", "Active-policy changes", ["kind"], registry=reg)
@@ -99,7 +124,26 @@ class AdaptiveApp:
         if c is None:
             return {}
         return {"policy": c.active.get("policy", ""), "mode": c.active.get("mode", ""), "regime": c.gate.regime,
-                "rewards_in_window": len(c.rewards), "history": len(c.history)}
+                "rewards_in_window": len(c.rewards), "history": len(c.history), "published": c.last_published,
+                "experts": dict(c.library.experts)}
+
+    def known(self, name: str) -> bool:
+        """A name the registry resolves here, or ``model:<version>`` stored in the Object Store."""
+        if name.startswith(hist.MODEL_PREFIX) and name[len(hist.MODEL_PREFIX):] in self.stored:
+            return True
+        return policy_known(name)
+
+    async def discover(self, names) -> None:
+        """Look up in the Object Store the model names that are not on disk (e.g. experts ``model:<version>``)."""
+        for name in sorted(set(names)):
+            if not name.startswith(hist.MODEL_PREFIX) or policy_known(name):
+                continue
+            version = name[len(hist.MODEL_PREFIX):]
+            try:
+                if await in_object_store(self.rt.bus, version):
+                    self.stored.add(version)
+            except Exception as exc:  # noqa: BLE001 - NATS errors: the name stays unknown (the baseline stands in)
+                self.rt.log.warning("object store lookup of %s failed: %s", name, exc)
 
     # --- KV -----------------------------------------------------------------------------------------
 
@@ -111,24 +155,25 @@ class AdaptiveApp:
     async def start(self) -> None:
         raw, history = await self.read_kv()
         now = time.time()
+        await self.discover([*self.settings.experts.values(), self.settings.initial_policy])
+        cfg = controller_config(self.settings, self.known)
         if raw:
             active = selection_fields(m.decode(m.PolicySelection, raw))
-            self.controller = AdaptiveController(controller_config(self.settings), active, history, now, policy_known)
+            self.controller = AdaptiveController(cfg, active, history, now, self.known)
             self.active_raw = raw
             if not history:
                 await self.rt.bus.kv_put(subjects.CONFIG_BUCKET, hist.KEY_POLICY_HISTORY,
                                          hist.encode_history(self.controller.history))
             return
         initial = self.settings.initial_policy
-        if initial and policy_known(initial):
+        if initial and self.known(initial):
             sel = m.PolicySelection(policy=initial, mode=self.settings.default_mode,
                                     reason=f"initial selection: the shipped learned model ({initial})", time=now)
         else:
             sel = m.PolicySelection(policy=self.settings.default_policy, mode=self.settings.default_mode,
                                     reason="initial selection: no trained model available, baseline scoring",
                                     time=now)
-        self.controller = AdaptiveController(controller_config(self.settings), selection_fields(sel), history, now,
-                                             policy_known)
+        self.controller = AdaptiveController(cfg, selection_fields(sel), history, now, self.known)
         await self.apply(Switch("initial", selection_fields(sel)))
 
     async def apply(self, sw: Switch) -> None:
@@ -180,6 +225,22 @@ class AdaptiveApp:
             self.feature_gauge.labels(feature=name).set(getattr(f, name))
         await self.on_alarms(self.controller.on_features(f, time.time()))
 
+    async def on_published(self, msg: m.ModelPublished, ctx: HandlerContext) -> None:
+        """A model the trainer published: verified here (every digest), then offered to the controller."""
+        try:
+            await modelstore.fetch_version(self.rt.bus, msg.version, expected_actor_sha256=msg.sha256,
+                                           expected_files=msg.manifest.get("files"))
+        except Exception as err:  # noqa: BLE001 - missing, a digest mismatch, NATS errors: not promoted
+            self.rt.log.warning("published model %s not verified, not promoted: %s: %s", msg.version,
+                                type(err).__name__, err)
+            return
+        self.stored.add(msg.version)
+        if self.controller is None:
+            return
+        blocker = self.controller.on_published(msg.version, gate_note(msg.manifest), time.time())
+        self.rt.log.info("model %s published: %s", msg.version, f"left alone: {blocker}" if blocker
+                         else "promoted at the next tick")
+
     async def on_alarms(self, alarms: list[DriftAlarm]) -> None:
         for a in alarms:
             self.drift_alerts.labels(detector=a.detector).inc()
@@ -221,6 +282,7 @@ async def main() -> int:
     app = AdaptiveApp(rt, settings)
     rt.handle(subjects.reward(settings.cluster), m.Reward)(app.on_reward)
     rt.handle(subjects.snapshot(settings.cluster), m.ClusterSnapshot)(app.on_snapshot)
+    rt.handle(subjects.model_published(), m.ModelPublished)(app.on_published)
     await rt.start()
     await app.start()
     rt.spawn(app.loop(), "adaptive-loop")

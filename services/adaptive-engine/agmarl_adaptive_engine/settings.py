@@ -33,6 +33,8 @@ class AdaptiveSettings(CommonSettings):
     affinity_exit: float = 0.20
     regime_dwell_seconds: float = 60.0
     hold_seconds: float = 300.0  # the gate leaves a manual selection or a rollback alone this long
+    # a published model supersedes an active model selection (not a baseline, not a held one)
+    auto_promote: bool = True
     # guard and rollback
     guard_window: int = 20
     guard_min_samples: int = 10

@@ -42,8 +42,9 @@ class InferenceApp:
         self.canary_selector = parse_label_selector(settings.canary_label_selector) \
             if settings.canary_label_selector else None
         self.in_flight = InFlight()
-        # learned models (model:<ref> selections, model_published): loaded off the loop, swapped via apply_selection
-        self.models = ModelRegistry(rt, self.apply_selection, lambda: (self.policy, self.canary and self.canary[0]))
+        # learned models: model_published fetches and caches a version; a model:<ref> selection loads it off
+        # the loop (or takes it from the cache) and swaps it in via apply_selection
+        self.models = ModelRegistry(rt, self.apply_selection)
         reg = rt.registry
         self.decisions = Counter("agmarl_decisions_total", "Scheduling decisions",
                                  ["policy", "mode", "source", "result"], registry=reg)
@@ -104,7 +105,7 @@ class InferenceApp:
         self.select(msg)
 
     async def on_model_published(self, msg: m.ModelPublished, ctx: HandlerContext) -> None:
-        await self.models.on_published(msg)
+        await self.models.on_published(msg)  # cached only: the active policy follows the selection
 
     async def on_graph(self, msg: m.GraphRequest, ctx: HandlerContext) -> None:
         if msg.cluster != self.settings.cluster:

@@ -3,10 +3,11 @@
 Sources of a model:
 - ``model_published`` (the trainer stored ``<version>/<file>`` in the Object Store bucket
   ``agmarl_models``): every file its manifest lists is fetched and its sha256 checked (the event's
-  actor digest and manifest must agree with the stored ones);
+  actor digest and manifest must agree with the stored ones), the sessions are built and the model
+  is cached, ready for the selection that names it; it does not change what serves;
 - a selection ``model:<ref>`` (the adaptive-engine's KV ``active_policy`` or policy_selection event,
   or ``agmarl policy set``): ``latest`` (the newest model loaded), ``default`` (``models/default``), a
-  version (loaded already, on disk, or fetched from the Object Store) or a model folder;
+  version (cached already, being fetched, on disk, or fetched from the Object Store) or a model folder;
 - at start, ``models/default`` when present.
 
 Fetching and digest checks happen on the event loop's side (I/O); checks of large files and building the
@@ -16,10 +17,10 @@ digest or does not load is refused: the previous model (or the baseline) keeps s
 ``agmarl_model_load_failures_total{reason}`` counts it (reason: not_found, digest, missing, invalid,
 fetch, load).
 
-Which policy serves: the last event wins. A selection applies when its model is loaded, unless a
-newer selection or publish has been applied meanwhile. A published model replaces the active policy
-when that is a model (or when nothing was selected yet, only the settings' baseline); an explicit
-baseline selection stays in force, the new model is loaded and ready (``model:latest``).
+Which policy serves: the selection, and only the selection (every switch is a PolicySelection event
+with its reason; the adaptive-engine turns a published model into one when its promotion rule
+allows). A selection applies when its model is loaded, unless a newer selection has been applied
+meanwhile. With no selection at all, ``models/default`` serves from the start.
 """
 
 from __future__ import annotations
@@ -46,11 +47,11 @@ def is_model(name: str) -> bool:
 
 
 class ModelRegistry:
-    def __init__(self, rt: ServiceRuntime, apply: Apply, active: Callable[[], tuple[object, object]]):
-        """``apply(policy, version, selection)`` installs a policy as the app's active (or canary)
-        policy; ``active()`` returns the app's (active policy, canary policy or None)."""
-        self.rt, self.apply, self.active = rt, apply, active
+    def __init__(self, rt: ServiceRuntime, apply: Apply):
+        """``apply(policy, version, selection)`` installs a policy as the app's active (or canary) policy."""
+        self.rt, self.apply = rt, apply
         self.models: OrderedDict[str, OnnxModelPolicy] = OrderedDict()
+        self.fetching: dict[str, asyncio.Task] = {}  # version -> its fetch in progress (a selection joins it)
         self.latest: OnnxModelPolicy | None = None
         self.default: OnnxModelPolicy | None = None
         self.explicit = False  # a selection was made (KV or event), not only the settings' baseline
@@ -95,7 +96,17 @@ class ModelRegistry:
 
     async def fetch(self, version: str, expected_sha256: str = "",
                     expected_files: Mapping[str, str] | None = None) -> OnnxModelPolicy | None:
-        """``<version>/*`` from the Object Store, verified and built (None when refused)."""
+        """``<version>/*`` from the Object Store, verified and built (None when refused); one fetch per
+        version at a time: a selection arriving while the published event's fetch runs waits for it."""
+        task = self.fetching.get(version)
+        if task is None:
+            task = asyncio.ensure_future(self._fetch(version, expected_sha256, expected_files))
+            self.fetching[version] = task
+            task.add_done_callback(lambda _t: self.fetching.pop(version, None))
+        return await asyncio.shield(task)
+
+    async def _fetch(self, version: str, expected_sha256: str,
+                     expected_files: Mapping[str, str] | None) -> OnnxModelPolicy | None:
         try:
             files = await modelstore.fetch_files(self.rt.bus, version)
         except modelstore.ModelNotFoundError as err:
@@ -119,6 +130,8 @@ class ModelRegistry:
         if ref in self.models:
             self.models.move_to_end(ref)
             return self.models[ref]
+        if ref in self.fetching:
+            return await self.fetch(ref)
         if modelstore.local_dir(ref) is not None:
             return await self._build(lambda: modelstore.load_local(ref), f"disk {ref}")
         return await self.fetch(ref)
@@ -163,21 +176,12 @@ class ModelRegistry:
         self.apply(policy, policy.version, sel)
 
     async def on_published(self, msg: m.ModelPublished) -> OnnxModelPolicy | None:
-        """Fetch, verify, build; then swap it in where a model serves (see the module docstring)."""
-        self._gen += 1
-        gen = self._gen
+        """Fetch, verify, build and cache (the newest loaded: ``model:latest``); what serves is unchanged
+        until a selection names it."""
         policy = await self.fetch(msg.version, msg.sha256, msg.manifest.get("files"))
-        if policy is None:
-            return None
-        self._set_latest(policy)
-        active, canary = self.active()
-        reason = f"model {msg.version} published"
-        if is_model(getattr(active, "name", "")) or not self.explicit:
-            self._install(policy, m.PolicySelection(policy=policy.name, model_version=policy.version, mode="full",
-                                                    reason=reason, time=time.time()), gen)
-        if canary is not None and is_model(getattr(canary, "name", "")):
-            self.apply(policy, policy.version, m.PolicySelection(
-                policy=policy.name, model_version=policy.version, mode="canary", reason=reason, time=time.time()))
+        if policy is not None:
+            self._set_latest(policy)
+            self.rt.log.info("model %s published: cached; it serves once a selection names it", policy.version)
         return policy
 
     async def start(self) -> None:

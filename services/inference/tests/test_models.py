@@ -1,7 +1,8 @@
 """The model registry of the inference service, against a real nats-server and a real service process:
-the KV selection's model is fetched from the Object Store at start, a ModelPublished event swaps in the
-new version without a restart (decisions carry its version), a model whose digest does not match is
-refused and the previous one keeps serving. And no torch in the serving process.
+the KV selection's model is fetched from the Object Store at start; a ModelPublished event only fetches,
+verifies and caches the new version (what serves is unchanged); a selection naming it swaps it in
+without a restart (decisions carry its name and version); a model whose digest does not match is
+refused and the selected one keeps serving. And no torch in the serving process.
 
 The model files come from the trainer's smoke config (trained once per session in a subprocess).
 """
@@ -72,10 +73,14 @@ async def until(predicate, timeout: float):
     return await predicate()
 
 
-def failures(port: int, reason: str) -> float:
+def metric(port: int, name: str, label: str, value: str) -> float:
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5.0).text
-    found = re.search(rf'^agmarl_model_load_failures_total\{{reason="{reason}"\}} (\S+)$', text, re.M)
+    found = re.search(rf'^{name}\{{{label}="{value}"\}} (\S+)$', text, re.M)
     return float(found.group(1)) if found else 0.0
+
+
+def failures(port: int, reason: str) -> float:
+    return metric(port, "agmarl_model_load_failures_total", "reason", reason)
 
 
 @pytest.mark.asyncio
@@ -106,15 +111,6 @@ async def test_hot_reload_through_the_object_store_and_digest_refusal(smoke_mode
         await bus.subscribe(subjects.decision_wildcard(CLUSTER), on_decision)
         await bus.flush()
 
-        # a new version published: fetched, verified, swapped in; same process
-        files2, manifest2 = version_files(smoke_model, v2)
-        await store(bus, v2, files2)
-        await bus.publish(subjects.model_published(), m.ModelPublished(
-            version=v2, sha256=manifest2["files"]["actor.onnx"], object_name=f"{v2}/actor.onnx",
-            manifest=manifest2, time=time.time()))
-        st = await until(lambda: health(v2), 30)
-        assert st and st.pid == first.pid and proc.returncode is None, (await health()).details
-
         nodes = traces.load_openb_nodes(traces.openb_node_path(traces.GPU_NODES))[:24]
         state = ClusterState.empty(nodes)
         pod = next(p for p in traces.load_openb_pods(traces.openb_pod_path("default")) if p.is_gpu_share)
@@ -131,9 +127,32 @@ async def test_hot_reload_through_the_object_store_and_digest_refusal(smoke_mode
             assert d is not None, proc.output()[-3000:]
             return d
 
+        # a new version published: fetched, verified and cached; v1 keeps serving (no selection names v2)
+        files2, manifest2 = version_files(smoke_model, v2)
+        await store(bus, v2, files2)
+        await bus.publish(subjects.model_published(), m.ModelPublished(
+            version=v2, sha256=manifest2["files"]["actor.onnx"], object_name=f"{v2}/actor.onnx",
+            manifest=manifest2, time=time.time()))
+
+        async def cached():
+            st = await health()
+            return st if v2 in st.details.get("models_loaded", []) else None
+        st = await until(cached, 30)
+        assert st and st.details["model_latest"] == v2 and st.details["model_version"] == v1, (await health()).details
         d = await decide(0)
+        assert (d.policy, d.model_version) == (f"model:{v1}", v1)
+
+        # the selection names v2 (as the adaptive-engine's promotion does): swapped in, same process
+        await bus.publish(subjects.policy_selection(), m.PolicySelection(
+            policy=f"model:{v2}", reason=f"promoted: model {v2} published by the trainer", time=time.time(),
+            previous=f"model:{v1}"))
+        st = await until(lambda: health(v2), 30)
+        assert st and st.pid == first.pid and proc.returncode is None, (await health()).details
+        d = await decide(1)
         assert (d.policy, d.model_version) == (f"model:{v2}", v2)
         assert d.node in {nd.name for nd in nodes} and len(d.gpus) == 1
+        # from the cache: v1 at start and v2 on the event were the only Object Store loads
+        assert metric(st.metrics_port, "agmarl_model_loads_total", "source", "objectstore") == 2.0
 
         # a version whose actor.onnx does not match its manifest: refused, v2 keeps serving
         files3, manifest3 = version_files(smoke_model, v3, corrupt="actor.onnx")
@@ -149,7 +168,7 @@ async def test_hot_reload_through_the_object_store_and_digest_refusal(smoke_mode
         assert st is not None and st.details["model_version"] == v2
         assert "actor.onnx" in st.details["model_last_error"]
         assert failures(st.metrics_port, "digest") == 1.0
-        d = await decide(1)
+        d = await decide(2)
         assert (d.policy, d.model_version) == (f"model:{v2}", v2)
     finally:
         kv = await bus.kv(subjects.CONFIG_BUCKET)

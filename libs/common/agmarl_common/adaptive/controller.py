@@ -5,9 +5,18 @@ rewards (``on_reward``), cumulative counters (``on_stats``) and regime features 
 and call ``tick(now, u, pick, features)``, which returns the switches to apply, each with its
 reason, in order. Time and the two uniform draws come in as arguments, so a run replays exactly.
 
-Order inside ``tick``: guard (rollback + quarantine of the failed choice), end of an exploration,
-gate (every ``gate_period_s``, or at once after a drift alarm; paused for ``hold_s`` after a
-manual selection or a rollback), then maybe an exploration (canary scope only).
+Order inside ``tick``: guard (rollback + quarantine of the failed choice), promotion of a published
+model (``on_published``), end of an exploration, gate (every ``gate_period_s``, or at once after a
+drift alarm; paused for ``hold_s`` after a manual selection or a rollback), then maybe an
+exploration (canary scope only).
+
+Promotion rule: a model version the trainer published supersedes the active selection, and becomes
+the active selection (kind ``promote``, reason ``promoted: ...``), when ``auto_promote`` is on, the
+active selection is a model (``model:<ref>``: ``default``, ``latest``, a version), it is not held
+(a manual selection or a rollback younger than ``hold_s``) and the version is neither active nor
+quarantined. A baseline selection is left alone (the model stays available to ``agmarl policy set``);
+during an exploration the promotion waits for its end. The gate's experts that named the superseded
+model name the new one from then on (``follow``), and a rollback of a promoted model gives them back.
 """
 
 from __future__ import annotations
@@ -43,11 +52,12 @@ class ControllerConfig:
     drift_dwell_s: float = 60.0
     mix_fast_alpha: float = 0.3  # EWMA of the arrival mix: recent ...
     mix_slow_alpha: float = 0.02  # ... against the reference
+    auto_promote: bool = True  # a published model supersedes an active model selection (module docstring)
 
 
 @dataclass(frozen=True)
 class Switch:
-    kind: str  # initial | gate | rollback | explore | explore_end
+    kind: str  # initial | gate | rollback | explore | explore_end | promote
     selection: dict[str, Any]  # PolicySelection fields
     evidence: dict[str, Any] = field(default_factory=dict)
 
@@ -84,6 +94,15 @@ class AdaptiveController:
         self.history = list(history) if history and hist.same_choice(history[-1], active) \
             else hist.push(history, active)
         self.switched_at = now
+        self.library, self.superseded = cfg.library, {}
+        for entry in self.history:  # a restart: the promotions still in the history
+            self._follow(entry)
+        self.published: tuple[str, str] | None = None  # (version, the trainer's gate note) awaiting a tick
+        self.last_published: dict[str, str] = {}  # the latest publish and what became of it
+
+    def _follow(self, entry: Mapping[str, Any]) -> None:
+        experts, self.superseded = hist.follow(self.library.experts, self.superseded, entry)
+        self.library = replace(self.library, experts=experts)
 
     # --- inputs ---------------------------------------------------------------------------------
 
@@ -96,6 +115,32 @@ class AdaptiveController:
         self.active = dict(selection)
         self.history = list(history) if history else hist.push(self.history, selection)
         self.explore_until = None
+        self._follow(selection)
+
+    def on_published(self, version: str, note: str, now: float) -> str:
+        """The trainer published ``version`` (``note``: its promotion gate's reason). The next ``tick``
+        promotes it when the rule allows (module docstring); returns why not as of now, or ""."""
+        self.published = (version, note)
+        blocker = self.promotion_blocker(hist.MODEL_PREFIX + version, now)
+        self.last_published = {"version": version, "outcome": f"left alone: {blocker}" if blocker else "pending"}
+        return blocker
+
+    def promotion_blocker(self, policy: str, now: float) -> str:
+        """Why ``policy`` (a published model) would not become the active selection now; "" when it would."""
+        active = str(self.active.get("policy", ""))
+        if not self.cfg.auto_promote:
+            return "auto_promote is off"
+        if not hist.is_model(active):
+            return f"the active selection {active} is not a model (a baseline is left alone)"
+        if self._held(now):
+            return f"the active selection ({self.active.get('reason', '')}) is held for {self.cfg.hold_s:.0f} s"
+        if policy == active:
+            return "already the active selection"
+        if self.quarantine.get(policy, -1.0) > now:
+            return "quarantined after a rollback"
+        if not self.known(policy):
+            return "unknown model"
+        return ""
 
     def on_reward(self, total: float, now: float) -> list[DriftAlarm]:
         self.rewards.append(float(total))
@@ -157,6 +202,10 @@ class AdaptiveController:
             sw = self._rollback(verdict.reason, verdict.evidence, now)
             if sw is not None:
                 return [sw]
+        if self.published is not None and self.explore_until is None:
+            sw = self._promote(now)
+            if sw is not None:
+                return [sw]
         if self.explore_until is not None and now >= self.explore_until:
             out.append(self._apply("explore_end", self._gate_choice(now), "exploration ended: back to the gate's choice",
                                    {}, now, mode=self.cfg.default_mode))
@@ -170,8 +219,23 @@ class AdaptiveController:
         return guard_check(self.rewards, self.reference, bound, decided, self.cfg.guard)
 
     def _gate_choice(self, now: float) -> str:
-        name = choose_expert(self.cfg.library, self.gate.regime, self.quarantine, now)
-        return name if self.known(name) else self.cfg.library.baseline
+        name = choose_expert(self.library, self.gate.regime, self.quarantine, now)
+        return name if self.known(name) else self.library.baseline
+
+    def _promote(self, now: float) -> Switch | None:
+        (version, note), self.published = self.published, None
+        policy = hist.MODEL_PREFIX + version
+        blocker = self.promotion_blocker(policy, now)
+        if blocker:
+            self.last_published = {"version": version, "outcome": f"left alone: {blocker}"}
+            return None
+        superseded = str(self.active.get("policy", ""))
+        reason = f"{hist.PROMOTED} model {version} published by the trainer" + (f" ({note})" if note else "")
+        sw = self._apply("promote", policy, reason, {"version": version, "superseded": superseded, "gate": note}, now,
+                         mode=self.active.get("mode"))
+        self._follow(sw.selection)
+        self.last_published = {"version": version, "outcome": "promoted"}
+        return sw
 
     def _held(self, now: float) -> bool:
         reason = str(self.active.get("reason", ""))
@@ -190,7 +254,7 @@ class AdaptiveController:
                                 f"{f.affinity_share:.2f}, BE share {f.be_share:.2f})", evidence, now)]
         if healthy and not self.reward_drift.active and not self.mix_drift.active:
             blocked = [p for p, until in self.quarantine.items() if until > now]
-            explore = explore_choice(self.cfg.explore, choice, self.cfg.library.names(), u, pick, blocked)
+            explore = explore_choice(self.cfg.explore, choice, self.library.names(), u, pick, blocked)
             if explore is not None and self.known(explore):
                 self.explore_until = now + self.cfg.gate_period_s
                 ns = ",".join(self.cfg.explore.canary_namespaces)
@@ -200,7 +264,7 @@ class AdaptiveController:
 
     def _rollback(self, why: str, evidence: dict[str, Any], now: float) -> Switch | None:
         failed = dict(self.active)
-        sel, new_history = hist.rollback(self.history, self.cfg.library.baseline, f"rollback: {why}", now,
+        sel, new_history = hist.rollback(self.history, self.library.baseline, f"rollback: {why}", now,
                                          self.cfg.default_mode)
         if hist.same_choice(sel, failed):
             self._reset_windows(now)  # nothing to go back to: judge afresh rather than loop
@@ -208,6 +272,7 @@ class AdaptiveController:
         self.quarantine[failed["policy"]] = now + self.cfg.quarantine_s
         self._reset_windows(now)
         self.active, self.history, self.explore_until = sel, new_history, None
+        self._follow(sel)
         return Switch("rollback", dict(sel), {**evidence, "rolled_back": failed.get("policy", "")})
 
     def _apply(self, kind: str, policy: str, reason: str, evidence: dict[str, Any], now: float,

@@ -4,6 +4,11 @@
 Rollback goes to the latest earlier entry that differs from the active one and was not an
 exploration (mode canary), and truncates the history there, so consecutive rollbacks walk back;
 with no such entry the target is the baseline.
+
+Promotions (reason ``promoted: ...``, written when a published model supersedes the active model)
+also move the gate's experts: ``follow`` points the experts that named the superseded model at the
+new one, and a rollback of a promoted model points them back, so replaying the history after a
+restart gives the same experts.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from typing import Any, Mapping, Sequence
 
 KEY_POLICY_HISTORY = "policy_history"
 MAX_HISTORY = 50
+MODEL_PREFIX = "model:"
+PROMOTED = "promoted:"  # the reason prefix of a promotion
 
 Entry = Mapping[str, Any]
 
@@ -67,3 +74,24 @@ def rollback(history: Sequence[Entry], baseline: str, reason: str, now: float,
            "mode": target.get("mode", default_mode) or default_mode, "reason": reason, "time": now,
            "previous": current.get("policy", "")}
     return sel, kept + [sel]
+
+
+def is_model(policy: str) -> bool:
+    return policy.startswith(MODEL_PREFIX)
+
+
+def follow(experts: Mapping[str, str], superseded: Mapping[str, str], entry: Mapping[str, Any]
+           ) -> tuple[dict[str, str], dict[str, str]]:
+    """(experts, superseded) after the selection ``entry``: a promotion points the experts that named
+    its ``previous`` model at the new one (and remembers new -> old); a rollback of a promoted model
+    points them back at the model it superseded."""
+    experts, superseded = dict(experts), dict(superseded)
+    policy, previous = str(entry.get("policy", "")), str(entry.get("previous", ""))
+    reason = str(entry.get("reason", ""))
+    if reason.startswith(PROMOTED) and is_model(previous) and previous != policy:
+        superseded[policy] = previous
+        return {r: policy if p == previous else p for r, p in experts.items()}, superseded
+    if reason.startswith("rollback") and previous in superseded:
+        old = superseded.pop(previous)
+        return {r: old if p == previous else p for r, p in experts.items()}, superseded
+    return experts, superseded

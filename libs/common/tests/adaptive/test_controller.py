@@ -6,7 +6,7 @@ from agmarl_common.adaptive.controller import AdaptiveController, ControllerConf
 from agmarl_common.adaptive.drift import PageHinkley
 from agmarl_common.adaptive.explore import ExploreConfig
 from agmarl_common.adaptive.features import RegimeFeatures
-from agmarl_common.adaptive.gate import GateConfig
+from agmarl_common.adaptive.gate import ExpertLibrary, GateConfig
 from agmarl_common.adaptive.guard import GuardConfig
 
 BASE = {"policy": "kube-resources", "model_version": "", "mode": "full", "reason": "initial", "time": 0.0,
@@ -112,3 +112,106 @@ def test_mix_shift_raises_a_psi_alarm():
     for k in range(100, 110):
         alarms += c.on_features(RegimeFeatures(mix=be), float(k))
     assert [a.detector for a in alarms] == ["psi"] and alarms[0].statistic >= 0.25
+
+
+# --- promotion of a published model ------------------------------------------------------------------
+
+MODEL = dict(BASE, policy="model:default", reason="initial selection: the shipped learned model")
+MODEL_EXPERTS = {"low_load": "model:default", "batch": "model:default", "affinity": "kube-default"}
+
+
+def model_controller(active=MODEL, history=(), **kw) -> AdaptiveController:
+    lib = ExpertLibrary(experts=MODEL_EXPERTS, baseline="kube-resources")
+    cfg = ControllerConfig(library=lib, gate=FAST_GATE, gate_period_s=10.0, hold_s=100.0, quarantine_s=1000.0,
+                           guard=GuardConfig(window=10, min_samples=5), **kw)
+    return AdaptiveController(cfg, active, list(history), now=0.0)
+
+
+def test_published_model_supersedes_the_active_model_with_a_promoted_reason():
+    c = model_controller()
+    for k in range(5):
+        c.on_reward(0.8, float(k))
+    assert c.on_published("ft-1", "candidate alloc 94.8 > incumbent 94.5", 5.0) == ""
+    [sw] = c.tick(5.5)
+    assert (sw.kind, sw.selection["policy"], sw.selection["previous"]) == ("promote", "model:ft-1", "model:default")
+    assert sw.selection["reason"] == ("promoted: model ft-1 published by the trainer "
+                                      "(candidate alloc 94.8 > incumbent 94.5)")
+    assert [e["policy"] for e in c.history] == ["model:default", "model:ft-1"]
+    assert c.rewards == [] and abs(c.reference - 0.8) < 1e-9  # judged fresh, against the old model's mean
+    assert c.library.experts["low_load"] == "model:ft-1" and c.library.experts["affinity"] == "kube-default"
+    assert c.last_published == {"version": "ft-1", "outcome": "promoted"}
+    # the gate does not drag it back to the superseded model
+    assert c.tick(20.0, features=RegimeFeatures(load=0.3)) == [] and c.active["policy"] == "model:ft-1"
+
+
+def test_rollback_of_a_promoted_model_returns_to_the_previous_model_and_its_experts():
+    c = model_controller()
+    c.on_published("ft-1", "", 1.0)
+    [sw] = c.tick(1.0)
+    assert sw.selection["reason"] == "promoted: model ft-1 published by the trainer"
+    for k in range(5):
+        c.on_reward(0.05, 2.0 + k)
+    [rb] = c.tick(8.0)
+    assert (rb.kind, rb.selection["policy"], rb.selection["previous"]) == ("rollback", "model:default", "model:ft-1")
+    assert [e["policy"] for e in c.history] == ["model:default"]
+    assert c.library.experts["low_load"] == "model:default"
+    # a restart replays the same history: the same experts
+    again = model_controller(active=c.active, history=c.history)
+    assert again.library.experts == MODEL_EXPERTS
+
+
+def test_restart_after_a_promotion_keeps_the_promoted_expert():
+    c = model_controller()
+    c.on_published("ft-1", "", 1.0)
+    c.tick(1.0)
+    c.on_published("ft-2", "", 2.0)
+    [sw] = c.tick(2.0)
+    assert sw.selection["previous"] == "model:ft-1"
+    again = model_controller(active=c.active, history=c.history)
+    assert again.library.experts["batch"] == "model:ft-2"
+
+
+def test_who_is_left_alone():
+    # rule: only an active model selection is superseded; a baseline, a held manual selection or a
+    # rollback stays, and auto_promote=False turns promotion off
+    manual_model = dict(MODEL, policy="model:v7", reason="manual: pinned")
+    cases = [
+        (dict(BASE, reason="gate: regime low_load"), {}, 1.0, "is not a model"),
+        (manual_model, {}, 50.0, "is held"),
+        (dict(MODEL, reason="rollback: reward mean 0.1"), {}, 50.0, "is held"),
+        (MODEL, {"auto_promote": False}, 1.0, "auto_promote is off"),
+        (manual_model, {}, 150.0, ""),  # the hold has ended
+    ]
+    for active, kw, now, why in cases:
+        c = model_controller(active=active, **kw)
+        blocker = c.on_published("ft-1", "gate ok", now)
+        out = c.tick(now)
+        if why:
+            assert why in blocker and out == [] and c.active["policy"] == active["policy"], (active, blocker)
+            assert c.last_published["outcome"].startswith("left alone")
+        else:
+            assert blocker == "" and [s.selection["policy"] for s in out] == ["model:ft-1"]
+
+
+def test_quarantined_version_is_not_promoted_again():
+    c = model_controller()
+    c.on_published("ft-1", "", 1.0)
+    c.tick(1.0)
+    for k in range(5):
+        c.on_reward(0.05, 2.0 + k)
+    c.tick(8.0)  # rolled back, ft-1 quarantined; the rollback is held meanwhile
+    assert "held" in c.on_published("ft-1", "", 9.0)
+    assert "quarantined" in c.on_published("ft-1", "", 200.0)
+    assert c.tick(200.0) == []
+
+
+def test_promotion_waits_for_the_end_of_an_exploration():
+    c = model_controller(explore=ExploreConfig(rate=0.05, canary_namespaces=("team-a",)))
+    [ex] = c.tick(0.0, u=0.01, pick=0.0, features=RegimeFeatures(load=0.3))
+    assert ex.kind == "explore"
+    c.on_published("ft-1", "", 1.0)
+    assert c.tick(2.0) == []
+    [end] = c.tick(10.0, u=0.99)
+    assert end.kind == "explore_end" and end.selection["policy"] == "model:default"
+    [sw] = c.tick(10.5, u=0.99)
+    assert sw.kind == "promote" and sw.selection["previous"] == "model:default"
