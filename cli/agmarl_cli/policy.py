@@ -48,10 +48,6 @@ def stored_version(name: str) -> str | None:
     return ref
 
 
-async def in_object_store(bus: Bus, version: str) -> bool:
-    return await bus.object_get(subjects.MODELS_BUCKET, f"{version}/{modelstore.MANIFEST}") is not None
-
-
 async def _read(bus: Bus) -> tuple[m.PolicySelection | None, list[dict]]:
     raw = await bus.kv_get(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY)
     history = hist.decode_history(await bus.kv_get(subjects.CONFIG_BUCKET, hist.KEY_POLICY_HISTORY))
@@ -92,7 +88,7 @@ async def policy_set(name: str, mode: str, reason: str, nats_url: str | None = N
         return 2
     bus = await Bus.connect(nats_url or find_nats_url(), name="agmarl-policy")
     try:
-        if version and not await in_object_store(bus, version):
+        if version and not await modelstore.in_object_store(bus, version):
             print(f"agmarl: model {version!r} not found: no model folder on disk and no {version}/"
                   f"{modelstore.MANIFEST} in the Object Store bucket {subjects.MODELS_BUCKET}", file=sys.stderr)
             return 2

@@ -24,7 +24,8 @@ cluster holds ~100,000 bound pods) and keeps node rows independent of each other
 
 Pure numpy: no torch. ``FeatureContext`` carries the target workload and memoised per-node results
 (derived data only: outputs depend on the arguments alone). ``build_graph`` computes the pairs of all
-pods at once (``pair_features_batch``, the values ``pair_features`` gives pod by pod).
+pods at once (``pair_features_batch``, the values ``pair_features`` gives pod by pod). The pair rows and
+the placement fragmentation they read live in ``agmarl_common.features_pairs`` (re-exported here).
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ from typing import Sequence
 import numpy as np
 
 from agmarl_common.cluster.model import GPU_MILLI, MAX_GPUS, ClusterState, Pod, choose_gpus
+from agmarl_common.features_pairs import (  # noqa: F401  (pair inputs: re-exported, part of this module's API)
+    CPU_SCALE, EDGE_FEATURES, F_EDGE, FRAG_SCALE, GPU_SCALE, MEM_SCALE, current_memos, gpu_left, pair_features,
+    pair_features_batch, placement_frag, placement_frag_many, shape_jobs)
 from agmarl_common.sim.fragmentation import TargetWorkload, node_frag_amount, pod_shape, target_workload
 
 NODE_FEATURES = (
@@ -44,18 +48,10 @@ NODE_FEATURES = (
 ) + tuple(f"dev_free_{j}" for j in range(MAX_GPUS))
 POD_FEATURES = ("cpu", "mem", "num_gpu", "gpu_milli", "gpu_total", "is_share", "cpu_only", "is_ls", "has_spec",
                 "shape_prob", "log_cpu")
-EDGE_FEATURES = ("cpu_left", "mem_left", "gpu_left", "gpu_left_frac", "frag_delta", "fgd_score", "frag_after",
-                 "dev_left", "whole_left", "cpu_tight", "bestfit_left", "opens_node", "fills_gpus", "gpu_share")
 F_NODE = len(NODE_FEATURES)  # 26
 F_POD = len(POD_FEATURES)  # 11
-F_EDGE = len(EDGE_FEATURES)  # 14
 
-CPU_SCALE = 128_000.0  # milli-cpu of a large node
-MEM_SCALE = 1_048_576.0  # MiB of a large node
-GPU_SCALE = float(MAX_GPUS * GPU_MILLI)
-FRAG_SCALE = 1000.0  # fragmentation deltas are in GPU milli: one GPU = 1.0
 RACK_HALF, ZONE_HALF, POD_HALF = 2, 1, 2  # ring neighbours on each side
-_EARLIER = np.tri(MAX_GPUS, k=-1, dtype=bool)  # [j, j']: device j' comes before device j
 
 
 @dataclass(frozen=True)
@@ -173,7 +169,7 @@ class FeatureContext:
 
     def _refresh_terms(self, state: ClusterState, rows: np.ndarray) -> None:
         t = self._terms
-        left = _gpu_left(state, rows)
+        left = gpu_left(state, rows)
         t["gpu_left"][rows] = left
         t["gpu_idle"][rows] = left.sum(axis=1)
         t["whole_free"][rows] = (left >= GPU_MILLI).sum(axis=1)
@@ -214,50 +210,18 @@ class FeatureContext:
         """``frag_after`` for many pairs at once: pair e places ``pods[pod_of[e]]`` on node ``idx[e]``.
         The stale memo rows of every pod shape are recomputed together, in one pass."""
         self._refresh(state)
-        n = state.n_nodes
-        shapes: dict[tuple, int] = {}
-        sid = np.array([shapes.setdefault(pod_shape(p), len(shapes)) for p in pods], np.int64)
-        flat = sid[pod_of] * n + idx  # pair -> (shape, node) cell of an (S, n) table
-        used = np.zeros(len(shapes) * n, bool)
-        used[flat] = True
-        cells = np.flatnonzero(used)  # sorted: shape by shape, nodes ascending
-        cuts = np.searchsorted(cells, np.arange(1, len(shapes)) * n)
-        jobs = [(shape, rows - s * n) for (shape, s), rows in zip(shapes.items(), np.split(cells, cuts))]
+        jobs, flat = shape_jobs(pods, idx, pod_of, state.n_nodes)
         memos = self._memos(jobs, state)
         return tuple(np.concatenate([m[j] for m in memos])[flat] for j in (1, 2, 3))
 
     def _memos(self, jobs: list[tuple[tuple, np.ndarray]], state: ClusterState) -> list[tuple[np.ndarray, ...]]:
-        """The memo (row version, delta, after, device; (n,) arrays) of each job's pod shape, made current
-        on the job's nodes (after ``_refresh``, which bumps the version of every row whose usage changed);
-        all stale rows go through one computation."""
-        n = state.n_nodes
-        memos, todo = [], []
-        for shape, idx in jobs:
-            if shape not in self._pairs:
-                self._pairs[shape] = (np.full(n, -1, np.int64), np.zeros(n), np.zeros(n), np.full(n, -1, np.int64))
-            memo = self._pairs[shape]
-            rows = idx[memo[0][idx] != self._version[idx]]
-            memos.append(memo)
-            if rows.size:
-                todo.append((shape, rows, memo))
-        if todo:
-            results = placement_frag_many([(sh, rows) for sh, rows, _ in todo], state, self._access,
-                                          self._access_class, self.target)
-            for (_, rows, memo), (a, d) in zip(todo, results):
-                version, delta, after, dev = memo
-                after[rows], dev[rows] = a, d
-                delta[rows] = a - self._frag[rows]
-                version[rows] = self._version[rows]
-        return memos
+        """``current_memos`` of ``jobs`` in this context's memo (after ``_refresh``)."""
+        return current_memos(self._pairs, jobs, state, self._version, self._frag, self._access, self._access_class,
+                             self.target)
 
 
 # ---------------------------------------------------------------------------------------------
 # Node rows (each a function of one node)
-
-
-def _gpu_left(state: ClusterState, rows: np.ndarray) -> np.ndarray:
-    exists = np.arange(MAX_GPUS)[None, :] < state.gpu_count[rows][:, None]
-    return np.where(exists, GPU_MILLI - state.gpu_used[rows], 0)
 
 
 def node_feature_rows(state: ClusterState, rows: np.ndarray, access: np.ndarray,
@@ -268,7 +232,7 @@ def node_feature_rows(state: ClusterState, rows: np.ndarray, access: np.ndarray,
     cpu_left = cpu_cap - state.cpu_used[rows]
     mem_cap = state.mem_cap[rows]
     gcount = state.gpu_count[rows]
-    left = _gpu_left(state, rows)  # (r, G)
+    left = gpu_left(state, rows)  # (r, G)
     exists = np.arange(MAX_GPUS)[None, :] < gcount[:, None]
     idle = left.sum(axis=1)
     frag = node_frag_amount(cpu_left, left, access, target)
@@ -298,95 +262,8 @@ def node_feature_rows(state: ClusterState, rows: np.ndarray, access: np.ndarray,
     return x, frag
 
 
-def placement_frag(shape: tuple, state: ClusterState, rows: np.ndarray, access: np.ndarray,
-                   target: TargetWorkload) -> tuple[np.ndarray, np.ndarray]:
-    """(fragmentation after placing a pod of ``shape`` on each node, device for a share or -1).
-
-    A share tries every device that fits and keeps the one leaving the least fragmentation (ties: the
-    lowest index); whole GPUs take the lowest-index free devices, as ``model.choose_gpus`` does."""
-    cpu, milli, num, _ = shape
-    cpu_left = state.cpu_cap[rows] - state.cpu_used[rows]
-    left = _gpu_left(state, rows)
-    key = np.column_stack([cpu_left, left, access])
-    _, first, inv = np.unique(key, axis=0, return_index=True, return_inverse=True)
-    inv = np.asarray(inv).reshape(-1)
-    u_cpu, u_left, u_acc = cpu_left[first], left[first], access[first]
-    m = len(first)
-    if 0 < milli < GPU_MILLI:
-        opts = np.repeat(u_left[:, None, :], MAX_GPUS, axis=1)  # (m, G options, G devices)
-        opts[:, np.arange(MAX_GPUS), np.arange(MAX_GPUS)] -= milli
-        after = node_frag_amount(np.repeat(u_cpu - cpu, MAX_GPUS), opts.reshape(-1, MAX_GPUS),
-                                 np.repeat(u_acc, MAX_GPUS, axis=0), target).reshape(m, MAX_GPUS)
-        after = np.where(u_left >= milli, after, np.inf)
-        dev = after.argmin(axis=1)
-        best = after[np.arange(m), dev]
-        dev = np.where(np.isfinite(best), dev, -1)
-        best = np.where(np.isfinite(best), best, node_frag_amount(u_cpu - cpu, u_left, u_acc, target))
-    else:
-        after_left = u_left.copy()
-        if milli > 0:
-            free = after_left == GPU_MILLI
-            after_left[free & (np.cumsum(free, axis=1) <= num)] = 0
-        best = node_frag_amount(u_cpu - cpu, after_left, u_acc, target)
-        dev = np.full(m, -1, np.int64)
-    return best[inv], dev[inv].astype(np.int64)
-
-
-def placement_frag_many(jobs: Sequence[tuple[tuple, np.ndarray]], state: ClusterState, access: np.ndarray,
-                        access_class: np.ndarray, target: TargetWorkload) -> list[tuple[np.ndarray, np.ndarray]]:
-    """``placement_frag`` of several pod shapes at once: ``jobs`` are (shape, node rows); ``access`` (n, K)
-    and ``access_class`` (n,) (equal ids = equal access rows) cover every node. One fragmentation pass
-    for all shares (every device option) and one for the rest; identical (shape, node state) rows once."""
-    if not jobs:
-        return []
-    sizes = [len(r) for _, r in jobs]
-    rows = np.concatenate([np.asarray(r, np.int64) for _, r in jobs])
-    sid = np.repeat(np.arange(len(jobs)), sizes)
-    shp = np.array([sh[:3] for sh, _ in jobs], np.int64).reshape(-1, 3)  # (jobs, cpu milli num)
-    cpu_left = state.cpu_cap[rows] - state.cpu_used[rows]
-    left = _gpu_left(state, rows)
-    key = np.ascontiguousarray(np.column_stack([sid, cpu_left, left, access_class[rows]]).astype(np.int64))
-    void = key.view(np.dtype((np.void, key.itemsize * key.shape[1]))).reshape(-1)
-    _, first, inv = np.unique(void, return_index=True, return_inverse=True)
-    inv = np.asarray(inv).reshape(-1)
-    u_sid, u_left, u_acc = sid[first], left[first], access[rows[first]]
-    u_cpu = cpu_left[first] - shp[u_sid, 0]  # cpu left after the placement
-    milli, num = shp[u_sid, 1], shp[u_sid, 2]
-    m = len(first)
-    best, dev = np.zeros(m), np.full(m, -1, np.int64)
-    share = np.flatnonzero((milli > 0) & (milli < GPU_MILLI))
-    rest = np.flatnonzero(~((milli > 0) & (milli < GPU_MILLI)))
-    if share.size:
-        ul, mm = u_left[share], milli[share]
-        # options: a device that fits, the first of the devices with its free milli (the fragmentation is
-        # the same whichever of equal devices takes the share, and ties go to the lowest index)
-        earlier_equal = (ul[:, :, None] == ul[:, None, :]) & _EARLIER[None]
-        oi, oj = np.nonzero((ul >= mm[:, None]) & ~earlier_equal.any(axis=2))
-        opts = ul[oi].copy()
-        opts[np.arange(oi.size), oj] -= mm[oi]
-        after = np.full((share.size, MAX_GPUS), np.inf)
-        after[oi, oj] = node_frag_amount(u_cpu[share][oi], opts, u_acc[share][oi], target)
-        d = after.argmin(axis=1)
-        b = after[np.arange(share.size), d]
-        ok = np.isfinite(b)
-        dev[share] = np.where(ok, d, -1)
-        if not ok.all():  # no device fits: the node as it is
-            miss = share[~ok]
-            b[~ok] = node_frag_amount(u_cpu[miss], u_left[miss], u_acc[miss], target)
-        best[share] = b
-    if rest.size:
-        after_left = u_left[rest].copy()
-        free = after_left == GPU_MILLI
-        take = free & (np.cumsum(free, axis=1) <= num[rest][:, None]) & (milli[rest] > 0)[:, None]
-        after_left[take] = 0  # whole GPUs: the lowest-index free devices
-        best[rest] = node_frag_amount(u_cpu[rest], after_left, u_acc[rest], target)
-    best, dev = best[inv], dev[inv]
-    bounds = np.cumsum(sizes)[:-1]
-    return list(zip(np.split(best, bounds), np.split(dev, bounds)))
-
-
 # ---------------------------------------------------------------------------------------------
-# Pods and pairs
+# Pods (pair rows: ``features_pairs``)
 
 
 def pod_features(pods: Sequence[Pod], context: FeatureContext) -> np.ndarray:
@@ -423,95 +300,6 @@ def identical_pods(pods: Sequence[Pod], candidates: Sequence[np.ndarray]) -> tup
             reps.append(k)
         group[k] = first[key]
     return reps, group
-
-
-def pair_features(pod: Pod, state: ClusterState, cand: np.ndarray,
-                  context: FeatureContext) -> tuple[np.ndarray, np.ndarray]:
-    """((E, F_EDGE) float32 features, (E,) device) of placing ``pod`` on each node of ``cand``."""
-    idx = np.asarray(cand, dtype=np.int64)
-    delta, after, dev = context.frag_after(pod, state, idx)
-    milli = pod.gpu_milli if pod.num_gpu > 0 else 0
-    gpu_req = pod.num_gpu * milli
-    cpu_cap = np.maximum(state.cpu_cap[idx], 1)
-    cpu_free = state.cpu_cap[idx] - state.cpu_used[idx]
-    cpu_after = cpu_free - pod.cpu_milli
-    mem_after = state.mem_cap[idx] - state.mem_used[idx] - pod.memory_mib
-    left = _gpu_left(state, idx)
-    gcap = state.gpu_count[idx] * GPU_MILLI
-    gpu_after = left.sum(axis=1) - gpu_req
-    rows = np.arange(len(idx))
-    dev_left = np.where(dev >= 0, left[rows, np.maximum(dev, 0)] - milli, 0) / GPU_MILLI
-    whole_after = (left >= GPU_MILLI).sum(axis=1) - (pod.num_gpu if milli >= GPU_MILLI else 0)
-    cols = [
-        cpu_after / cpu_cap,
-        mem_after / np.maximum(state.mem_cap[idx], 1),
-        gpu_after / GPU_SCALE,
-        np.divide(gpu_after, gcap, out=np.zeros(len(idx)), where=gcap > 0),
-        np.clip(delta / FRAG_SCALE, -8.0, 8.0),
-        1.0 / (1.0 + np.exp(delta / FRAG_SCALE)),
-        after / GPU_SCALE,
-        dev_left,
-        np.where(state.gpu_count[idx] > 0, whole_after, 0) / MAX_GPUS,
-        np.divide(pod.cpu_milli, cpu_free, out=np.zeros(len(idx)), where=cpu_free > 0),
-        0.5 * cpu_after / CPU_SCALE + 0.5 * gpu_after / GPU_SCALE,
-        (state.pods_used[idx] == 0).astype(np.float64),
-        ((gcap > 0) & (gpu_after <= 0) & (gpu_req > 0)).astype(np.float64),
-        np.divide(gpu_req, gcap, out=np.zeros(len(idx)), where=gcap > 0),
-    ]
-    return np.stack(cols, axis=1).astype(np.float32).reshape(len(idx), F_EDGE), dev
-
-
-def pair_features_batch(pods: Sequence[Pod], state: ClusterState, candidates: Sequence[np.ndarray],
-                        context: FeatureContext) -> tuple[np.ndarray, np.ndarray]:
-    """``pair_features`` of every pod against its candidates, concatenated pod-major: the same values,
-    computed over all pairs at once (per-node terms once per node, fragmentation memo updates once
-    per pod shape). ``candidates[k]`` must be int64 node indexes in range."""
-    if len(candidates) != len(pods):
-        raise ValueError(f"pair_features_batch: {len(pods)} pods but {len(candidates)} candidate arrays")
-    sizes = np.array([len(c) for c in candidates], np.int64)
-    idx = np.concatenate(candidates).astype(np.int64, copy=False) if len(candidates) else np.zeros(0, np.int64)
-    e = idx.size
-    if e == 0:
-        return np.zeros((0, F_EDGE), np.float32), np.zeros(0, np.int64)
-    pod_of = np.repeat(np.arange(len(pods)), sizes)
-    delta, after, dev = context.frag_after_batch(pods, state, idx, pod_of)
-    # per pod (P,): the request, as pair_features reads it
-    milli_p = np.array([p.gpu_milli if p.num_gpu > 0 else 0 for p in pods])
-    num_p = np.array([p.num_gpu for p in pods])
-    req_p = num_p * milli_p
-    milli, gpu_req = milli_p[pod_of], req_p[pod_of]
-    pcpu = np.array([p.cpu_milli for p in pods])[pod_of]
-    # per node: usage terms kept current by the context (exact integers)
-    t = context.pair_terms(state)
-    cpu_free = t["cpu_free"][idx]
-    cpu_after = cpu_free - pcpu
-    mem_after = t["mem_free"][idx] - np.array([p.memory_mib for p in pods])[pod_of]
-    gcap = t["gpu_cap"][idx]
-    gpu_after = t["gpu_idle"][idx] - gpu_req
-    dev_left = np.where(dev >= 0, t["gpu_left"][idx, np.maximum(dev, 0)] - milli, 0) / GPU_MILLI
-    whole_after = t["whole_free"][idx] - np.where(milli_p >= GPU_MILLI, num_p, 0)[pod_of]
-    has_gpu = gcap > 0
-    frag = delta / FRAG_SCALE
-    cols = [
-        cpu_after / t["cpu_cap"][idx],
-        mem_after / t["mem_cap"][idx],
-        gpu_after / GPU_SCALE,
-        np.divide(gpu_after, gcap, out=np.zeros(e), where=has_gpu),
-        np.clip(frag, -8.0, 8.0),
-        1.0 / (1.0 + np.exp(frag)),
-        after / GPU_SCALE,
-        dev_left,
-        np.where(t["gpu_count"][idx] > 0, whole_after, 0) / MAX_GPUS,
-        np.divide(pcpu, cpu_free, out=np.zeros(e), where=cpu_free > 0),
-        0.5 * cpu_after / CPU_SCALE + 0.5 * gpu_after / GPU_SCALE,
-        t["empty"][idx],  # bools: 0.0 / 1.0 exactly
-        has_gpu & (gpu_after <= 0) & (gpu_req > 0),
-        np.divide(gpu_req, gcap, out=np.zeros(e), where=has_gpu),
-    ]
-    out = np.empty((e, F_EDGE), np.float32)  # float64 values rounded once, as .astype(np.float32) does
-    for j, col in enumerate(cols):
-        out[:, j] = col
-    return out, dev
 
 
 # ---------------------------------------------------------------------------------------------

@@ -148,6 +148,13 @@ def load_local(ref: str) -> ModelArtifact:
     return load_dir(d)
 
 
+async def in_object_store(bus, version: str, bucket: str = subjects.MODELS_BUCKET) -> bool:
+    """``<version>/manifest.json`` exists in the models bucket (False for an empty or path-like version)."""
+    if not version or "/" in version or version.startswith("."):
+        return False
+    return await bus.object_get(bucket, f"{version}/{MANIFEST}") is not None
+
+
 async def fetch_files(bus, version: str, bucket: str = subjects.MODELS_BUCKET) -> dict[str, bytes]:
     """The stored files of ``<version>/`` that its manifest lists, manifest.json included (unverified:
     ``load_bytes`` checks them); ``ModelNotFoundError`` when the version has no manifest."""

@@ -93,13 +93,6 @@ def gate_note(manifest: dict) -> str:
     return reason
 
 
-async def in_object_store(bus, version: str) -> bool:
-    """``<version>/manifest.json`` exists in the models bucket."""
-    if not version or "/" in version or version.startswith("."):
-        return False
-    return await bus.object_get(subjects.MODELS_BUCKET, f"{version}/{modelstore.MANIFEST}") is not None
-
-
 class AdaptiveApp:
     def __init__(self, rt: ServiceRuntime, settings: AdaptiveSettings):
         self.rt = rt
@@ -140,7 +133,7 @@ class AdaptiveApp:
                 continue
             version = name[len(hist.MODEL_PREFIX):]
             try:
-                if await in_object_store(self.rt.bus, version):
+                if await modelstore.in_object_store(self.rt.bus, version):
                     self.stored.add(version)
             except Exception as exc:  # noqa: BLE001 - NATS errors: the name stays unknown (the baseline stands in)
                 self.rt.log.warning("object store lookup of %s failed: %s", name, exc)

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from agmarl_common.cluster.model import GPU_MILLI, ClusterState, Node, Pod, bind, choose_gpus, unbind
+from agmarl_common.cluster.model import GPU_MILLI, ClusterState, Node, Pod, bind, choose_gpus, state_with_bound, unbind
 
 PodConverter = Callable[[Mapping[str, Any]], Pod]
 NodeConverter = Callable[[Mapping[str, Any]], Node]
@@ -57,8 +57,7 @@ def build_state(nodes: Iterable[Node], pods: Iterable[Pod]) -> ClusterState:
     """A ClusterState from nodes and bound pods in one pass (pods on unknown nodes are left out);
     pods without GPU devices but asking for GPUs get the default device choice."""
     state = ClusterState.empty(tuple(nodes))
-    cpu, mem, cnt, eph = (a.copy() for a in (state.cpu_used, state.mem_used, state.pods_used, state.eph_used))
-    gpu, aff = state.gpu_used.copy(), state.affinity_pods.copy()
+    gpu = state.gpu_used.copy()  # devices taken so far, for the default device choice
     bound: list[list[Pod]] = [[] for _ in state.nodes]
     for p in pods:
         i = state.index.get(p.node_name)
@@ -67,16 +66,10 @@ def build_state(nodes: Iterable[Node], pods: Iterable[Pod]) -> ClusterState:
         if p.num_gpu and not p.gpu_devices:
             free = np.where(state.gpu_exists()[i], GPU_MILLI - gpu[i], 0)
             p = replace(p, gpu_devices=choose_gpus(p, free) or _fallback_devices(p, int(state.gpu_count[i])))
-        cpu[i] += p.cpu_milli
-        mem[i] += p.memory_mib
-        cnt[i] += 1
-        eph[i] += p.ephemeral_mib
-        aff[i] += p.has_pod_affinity
         for j in p.gpu_devices:
             gpu[i, j] += p.gpu_milli if p.is_gpu_share else GPU_MILLI
         bound[i].append(p)
-    return replace(state, cpu_used=cpu, mem_used=mem, pods_used=cnt, eph_used=eph, gpu_used=gpu,
-                   affinity_pods=aff, bound=tuple(tuple(b) for b in bound))
+    return state_with_bound(state.nodes, bound)
 
 
 def _fallback_devices(pod: Pod, gpu_count: int) -> tuple[int, ...]:

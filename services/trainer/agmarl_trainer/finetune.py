@@ -31,12 +31,12 @@ import torch
 
 from agmarl_trainer.config import TrainConfig, config_to_dict, load_config
 from agmarl_trainer.experience import experience_samples, read_experience
-from agmarl_trainer.imitation import expert_policy, expert_tasks, imitation_loss, minibatches, openb_nodes, \
+from agmarl_trainer.imitation import expert_policy, expert_tasks, minibatches, openb_nodes, \
     openb_pods, run_tasks
 from agmarl_trainer.model import PolicyNet
 from agmarl_trainer.promotion import GateRule, promotion_gate
 from agmarl_trainer.rollout import Sample, run_dynamic_episode, run_inflation_episode, sub_cluster, torch_scorer
-from agmarl_trainer.train import MetricsLog
+from agmarl_trainer.train import MetricsLog, imitation_step
 
 BASELINES = ("fgd", "bestfit")
 MODEL_PREFIX = "model:"
@@ -82,11 +82,7 @@ def fit(net: PolicyNet, samples: Sequence[Sample], cfg: TrainConfig, rng: np.ran
     net.train()
     for _ in range(ic.epochs):
         for idx in minibatches(len(samples), ic.batch_graphs, rng):
-            loss, acc = imitation_loss(net, [samples[i] for i in idx])
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-            opt.step()
+            loss, acc = imitation_step(net, net, opt, [samples[i] for i in idx])
             step += 1
             last = {"loss": round(loss.item(), 4), "accuracy": round(acc, 4)}
             log.row(phase="finetune", step=step, lr=ic.lr, **last)

@@ -91,6 +91,18 @@ def quick_eval(net: PolicyNet, cfg: TrainConfig) -> dict[str, float]:
 # Phase 1: imitation
 
 
+def imitation_step(model, net: PolicyNet, opt: torch.optim.Optimizer,
+                   batch: Sequence[Sample]) -> tuple[torch.Tensor, float]:
+    """One optimiser step of imitation cross-entropy on ``batch``: the loss from ``model`` (``net`` or its
+    DDP wrapper), ``net``'s gradients clipped to norm 1. Returns ``imitation_loss``'s (loss, accuracy)."""
+    loss, acc = imitation_loss(model, batch)
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+    opt.step()
+    return loss, acc
+
+
 def train_imitation(net: PolicyNet, cfg: TrainConfig, log: MetricsLog, rng: np.random.Generator,
                     wrap=None) -> dict[str, float]:
     """Collect expert samples, then ``epochs`` passes of minibatch cross-entropy. ``wrap`` (DDP) optional."""
@@ -109,11 +121,7 @@ def train_imitation(net: PolicyNet, cfg: TrainConfig, log: MetricsLog, rng: np.r
     with tqdm(total=steps, desc="imitation", leave=False, mininterval=2.0) as bar:
         for _ in range(ic.epochs):
             for idx in minibatches(len(samples), ic.batch_graphs, rng):
-                loss, acc = imitation_loss(model, [samples[i] for i in idx])
-                opt.zero_grad()
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-                opt.step()
+                loss, acc = imitation_step(model, net, opt, [samples[i] for i in idx])
                 sched.step()
                 step += 1
                 last = {"loss": loss.item(), "accuracy": acc}

@@ -40,8 +40,8 @@ import uuid
 from dataclasses import MISSING, fields, replace
 from typing import Any, Mapping, Sequence
 
-from agmarl_common.cluster.model import GPU_MILLI, MAX_GPUS, ClusterState, Node, Pod, node_from_dict, \
-    pod_from_dict, state_to_dict, to_dict
+from agmarl_common.cluster.model import MAX_GPUS, ClusterState, Node, Pod, node_from_dict, \
+    pod_from_dict, state_to_dict, state_with_bound, to_dict
 
 FORMAT = "agmarl.compact/1"
 SNAPSHOT_FORMAT = "agmarl.snapshot/1"
@@ -177,25 +177,6 @@ def _template(templates: list[Pod], t: int) -> Pod:
     return templates[t]
 
 
-def _with_bound(nodes: tuple[Node, ...], bound: list[tuple[Pod, ...]]) -> ClusterState:
-    """The state of ``nodes`` holding ``bound`` (per node), usage summed as ``model.state_from_dict`` does."""
-    state = ClusterState.empty(nodes)
-    cpu, mem, cnt, eph, aff = (a.copy() for a in (state.cpu_used, state.mem_used, state.pods_used, state.eph_used,
-                                                  state.affinity_pods))
-    gpu = state.gpu_used.copy()
-    for i, pods in enumerate(bound):
-        for p in pods:
-            cpu[i] += p.cpu_milli
-            mem[i] += p.memory_mib
-            cnt[i] += 1
-            eph[i] += p.ephemeral_mib
-            aff[i] += p.has_pod_affinity
-            for j in p.gpu_devices:
-                gpu[i, j] += p.gpu_milli if p.is_gpu_share else GPU_MILLI
-    return replace(state, cpu_used=cpu, mem_used=mem, pods_used=cnt, eph_used=eph, gpu_used=gpu,
-                   bound=tuple(bound), affinity_pods=aff, pods_by_label=None)
-
-
 def state_from_compact(data: Mapping[str, Any]) -> tuple[ClusterState, tuple[Pod, ...]]:
     """(cluster state, pending pods) of a compact state; raises ValueError/TypeError/KeyError when malformed."""
     if not is_compact(data):
@@ -214,7 +195,7 @@ def state_from_compact(data: Mapping[str, Any]) -> tuple[ClusterState, tuple[Pod
             pods.append(replace(base, name=f"{nodes[i].name}#{k}", node_name=nodes[i].name, gpu_devices=devices))
         bound.append(tuple(pods))
     pending = tuple(replace(_template(templates, int(t)), name=f"pending#{k}") for k, t in enumerate(data["pending"]))
-    return _with_bound(nodes, bound), pending
+    return state_with_bound(nodes, bound), pending
 
 
 # ---------------------------------------------------------------------------------------------
@@ -334,7 +315,7 @@ def state_from_snapshot(data: Mapping[str, Any]) -> ClusterState:
         bound.append(tuple(replace(_template(templates, tmpl[k]), name=name[k], uid=_uid_in(uid[k]),
                                    creation_time=float(created[k]), duration=float(duration[k]), node_name=node[k],
                                    gpu_devices=_devices_in(devices[k])) for k in range(first, end)))
-    return _with_bound(nodes, bound)
+    return state_with_bound(nodes, bound)
 
 
 def bound_pod_dicts(data: Mapping[str, Any]) -> list[list[dict[str, Any]]]:

@@ -14,7 +14,7 @@ GPU semantics follow the Alibaba openb trace and the FGD paper (USENIX ATC'23):
 from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -613,15 +613,19 @@ def state_from_dict(data: Mapping[str, Any]) -> ClusterState:
             return compact.state_from_compact(data)[0]
         raise ValueError(f"unknown cluster state format {data['format']!r}")
     nodes = tuple(node_from_dict(n) for n in data["nodes"])
-    state = ClusterState.empty(nodes)
-    cpu, mem, cnt, eph = (a.copy() for a in (state.cpu_used, state.mem_used, state.pods_used, state.eph_used))
+    bound = [tuple(pod_from_dict(p) for p in pods) for pods in data.get("bound", [[] for _ in nodes])]
+    return state_with_bound(nodes, bound)
+
+
+def state_with_bound(nodes: Sequence[Node], bound: Sequence[Sequence[Pod]]) -> ClusterState:
+    """The state of ``nodes`` holding ``bound[i]`` on node i (pods as given, ``gpu_devices`` included),
+    usage arrays summed from those pods in one pass; the ``PodIndex`` is built on demand (``pod_index``)."""
+    state = ClusterState.empty(tuple(nodes))
+    cpu, mem, cnt, eph, aff = (a.copy() for a in (state.cpu_used, state.mem_used, state.pods_used, state.eph_used,
+                                                  state.affinity_pods))
     gpu = state.gpu_used.copy()
-    aff = state.affinity_pods.copy()
-    bound_lists: list[tuple[Pod, ...]] = []
-    for i, pods in enumerate(data.get("bound", [[] for _ in nodes])):
-        ps = tuple(pod_from_dict(p) for p in pods)
-        bound_lists.append(ps)
-        for p in ps:
+    for i, pods in enumerate(bound):
+        for p in pods:
             cpu[i] += p.cpu_milli
             mem[i] += p.memory_mib
             cnt[i] += 1
@@ -630,4 +634,4 @@ def state_from_dict(data: Mapping[str, Any]) -> ClusterState:
             for j in p.gpu_devices:
                 gpu[i, j] += p.gpu_milli if p.is_gpu_share else GPU_MILLI
     return replace(state, cpu_used=cpu, mem_used=mem, pods_used=cnt, eph_used=eph, gpu_used=gpu,
-                   bound=tuple(bound_lists), affinity_pods=aff)
+                   bound=tuple(tuple(pods) for pods in bound), affinity_pods=aff, pods_by_label=None)
