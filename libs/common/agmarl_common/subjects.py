@@ -164,8 +164,9 @@ CATALOGUE: list[CatalogueEntry] = [
     CatalogueEntry(f"{PREFIX}.train_status", "train_status", "trainer", ("cli",), None,
                    "Progress of a training request"),
     CatalogueEntry(f"{PREFIX}.model_published", "model_published", "trainer",
-                   ("inference",), None,
-                   "A new model version stored in Object Store agmarl_models"),
+                   ("inference", "adaptive-engine"), None,
+                   "A new model version stored in Object Store agmarl_models (inference caches it; the "
+                   "adaptive-engine may promote it to the active selection)"),
     CatalogueEntry(f"{PREFIX}.dead_letter.{_S}", "dead_letter", "*", ("operator",), None,
                    "A message a service rejected or failed to handle"),
     CatalogueEntry(f"{PREFIX}.health.{_S}", "health", "*", ("cli",), None,

@@ -229,8 +229,9 @@ async def test_binding_released_after_the_bound_then_bound_later_nothing_lost(ha
     harness.standin.fail_bindings(6, 500)  # 3 attempts each for both pods: both released once
     await harness.snapshot(pods)
     await harness.offer(pods)
-    assert await until(lambda: len(harness.standin.bindings) == 2, timeout=30.0)
     led = harness.binder.ledger
+    # the API server records a binding before the binder has read its answer: wait for both
+    assert await until(lambda: len(harness.standin.bindings) == 2 and led.counts()["bound"] == 2, timeout=30.0)
     assert led.counts() == {"queued": 0, "binding": 0, "bound": 2, "unschedulable": 0, "gone": 0}
     assert all(led.entries[f"default/{p.name}"].releases == 1 for p in pods)
     assert await until(lambda: len(harness.decisions) == 4)
