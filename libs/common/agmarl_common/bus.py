@@ -147,8 +147,11 @@ class Bus:
         return replies
 
     async def subscribe(self, subject: str, cb: RawCallback, queue: str | None = None) -> Subscription:
-        """Raw subscription: ``cb`` receives the nats ``Msg`` (decoding is the caller's job)."""
-        return await self.nc.subscribe(subject, queue=queue or "", cb=cb)
+        """Raw subscription: ``cb`` receives the nats ``Msg`` (decoding is the caller's job). Returns once the
+        server has the subscription (a flush), so a message another connection publishes next is not missed."""
+        sub = await self.nc.subscribe(subject, queue=queue or "", cb=cb)
+        await self.nc.flush(5.0)
+        return sub
 
     async def flush(self, timeout: float = 2.0) -> None:
         await self.nc.flush(timeout)

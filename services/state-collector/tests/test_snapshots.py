@@ -130,6 +130,7 @@ async def test_an_oversized_snapshot_is_counted_logged_and_skipped(nats_url, lar
 
         try:
             await bus.subscribe(subjects.snapshot(cluster), on_snapshot)
+            await bus.flush()  # the server knows the subscription before the collector's connection publishes
             with caplog.at_level(logging.ERROR, logger="agmarl.state-collector"):
                 await app.publish_snapshot()
                 await app.publish_snapshot()
