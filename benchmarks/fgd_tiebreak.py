@@ -1,0 +1,88 @@
+"""How much of FGD's result on the paper's protocol comes from its tie-breaking.
+
+FGD's node scores are integers (sigmoid of the fragmentation change, truncated to 0..100), so many nodes
+tie; the paper's simulator gives a tie to the first node of a per-run random node order. This benchmark
+runs FGD on the openb default trace (full 1,523-node cluster, ``sim.inflation.run_inflation``) with:
+
+- ``node-order``: the paper's rule (the harness default);
+- ``random``: kube-scheduler's rule (``selectHost``: uniformly among the tied nodes);
+- ``gpu-left``: ties broken by an observable rule, least GPU left after placement as a share of the node's GPUs;
+- ``name-hash``: ties broken by a stable order of node names (CRC-32), the same for every run.
+
+The last two add a secondary key below one score unit, so they only reorder tied nodes.
+
+    nice .venv/bin/python benchmarks/fgd_tiebreak.py --seeds 42-51 [--variants node-order,gpu-left]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import zlib
+
+import numpy as np
+
+from agmarl_common.cluster.model import GPU_MILLI, ClusterState, Pod
+from agmarl_common.policies.fgd import FgdPolicy
+from agmarl_common.sim.inflation import run_inflation
+from agmarl_common.sim.traces import ALL_NODES, load_openb_nodes, load_openb_pods, openb_node_path, openb_pod_path
+
+VARIANTS = ("node-order", "random", "gpu-left", "name-hash")
+TIE_SHARE = 0.5 * 0.999  # the secondary key stays inside one score unit
+
+
+class FgdTieBreak(FgdPolicy):
+    """FGD's integer scores plus a secondary key in (-TIE_SHARE, 0] that only orders tied nodes."""
+
+    def __init__(self, rule: str):
+        super().__init__(0)
+        self.rule = rule
+        self._hash: np.ndarray | None = None
+
+    def score(self, pod: Pod, state: ClusterState, candidates: np.ndarray) -> np.ndarray:
+        base = super().score(pod, state, candidates)
+        idx = np.asarray(candidates, dtype=np.int64)
+        if self.rule == "gpu-left":
+            cap = state.gpu_count[idx] * GPU_MILLI
+            free = np.clip(cap - state.gpu_used[idx].sum(axis=1), 0, None)
+            key = (free - pod.gpu_milli_total) / np.maximum(cap, 1)
+        else:  # name-hash
+            if self._hash is None or len(self._hash) != state.n_nodes:
+                self._hash = np.array([zlib.crc32(n.name.encode()) / 2**32 for n in state.nodes])
+            key = self._hash[idx]
+        return base - TIE_SHARE * np.clip(key, 0.0, 1.0)
+
+
+def run(variant: str, seed: int, nodes, pods) -> float:
+    policy = FgdPolicy(0) if variant in ("node-order", "random") else FgdTieBreak(variant)
+    tie = "random" if variant == "random" else "node-order"
+    res = run_inflation(nodes, pods, policy, np.random.default_rng(seed), tie_break=tie)
+    return float(res.allocation_curve()[100])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seeds", default="42-51", help="A-B inclusive or a comma list")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    args = ap.parse_args()
+    lo, _, hi = args.seeds.partition("-")
+    seeds = list(range(int(lo), int(hi) + 1)) if hi and "," not in args.seeds else \
+        [int(s) for s in args.seeds.split(",")]
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        ap.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
+    nodes = load_openb_nodes(openb_node_path(ALL_NODES))
+    pods = load_openb_pods(openb_pod_path("default"))
+    print(f"FGD on openb default, {len(nodes)} nodes, GPU allocation % at 100 % arrived, seeds {args.seeds}\n")
+    print("| tie-break | mean | per seed |\n|---|---:|---|")
+    for v in variants:
+        t = time.monotonic()
+        vals = [run(v, s, nodes, pods) for s in seeds]
+        print(f"| {v} | {np.mean(vals):.2f} | {' '.join(f'{x:.2f}' for x in vals)} ({time.monotonic() - t:.0f} s) |",
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
