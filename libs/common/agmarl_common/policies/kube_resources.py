@@ -1,0 +1,188 @@
+"""kube-scheduler's resource scoring plugins (NodeResourcesFit LeastAllocated / MostAllocated /
+RequestedToCapacityRatio, NodeResourcesBalancedAllocation) and the normalisation helpers the
+scorers of ``policies.kube`` share; conventions (pure, 0..100, Go integer arithmetic) are in
+``policies.kube``'s docstring.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from agmarl_common.cluster.model import GPU_MILLI, ClusterState, Pod, pod_index
+from agmarl_common.policies.base import MAX_NODE_SCORE
+
+DEFAULT_MILLI_CPU_REQUEST = 100  # schedutil.DefaultMilliCPURequest
+DEFAULT_MEMORY_REQUEST_MIB = 200  # schedutil.DefaultMemoryRequest (200 * 1024 * 1024 bytes)
+CPU, MEMORY, GPU = "cpu", "memory", "nvidia.com/gpu"
+
+
+@dataclass(frozen=True)
+class ResourceSpec:
+    name: str  # cpu | memory | nvidia.com/gpu
+    weight: int = 1
+
+
+DEFAULT_RESOURCES = (ResourceSpec(CPU), ResourceSpec(MEMORY))
+WITH_GPU = DEFAULT_RESOURCES + (ResourceSpec(GPU),)
+PACKING_SHAPE = ((0, 0), (100, 10))  # (utilization %, score 0..10), MaxCustomPriorityScore = 10
+
+
+# ---------------------------------------------------------------------------------------------
+# Normalisation helpers (helper.DefaultNormalizeScore)
+
+
+def default_normalize(raw: np.ndarray, reverse: bool = False) -> np.ndarray:
+    """max-count scaling to 0..100 with int64 truncation; all-zero -> 0 (or 100 when reversed)."""
+    raw = np.asarray(raw, dtype=np.int64)
+    top = int(raw.max()) if raw.size else 0
+    if top == 0:
+        return np.full(raw.shape, MAX_NODE_SCORE if reverse else 0, dtype=np.float64)
+    s = MAX_NODE_SCORE * raw // top
+    return (MAX_NODE_SCORE - s if reverse else s).astype(np.float64)
+
+
+def _go_round(x: np.ndarray) -> np.ndarray:
+    """math.Round: half away from zero."""
+    return np.sign(x) * np.floor(np.abs(x) + 0.5)
+
+
+def _go_div(a: np.ndarray, b: np.ndarray | int) -> np.ndarray:
+    """int64 division truncating toward zero, as Go does."""
+    q = np.abs(a) // np.abs(b)
+    return np.sign(a) * np.sign(b) * q
+
+
+# ---------------------------------------------------------------------------------------------
+# Resource allocation scorers
+
+
+def zero_request_counts(state: ClusterState, candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Bound pods with no cpu / no memory request per candidate (they count as defaults).
+
+    Read from the state's pod index (kept current by bind/unbind), not by scanning every pod.
+    """
+    idx = pod_index(state)
+    c = np.asarray(candidates, dtype=np.int64)
+    return idx.zero_cpu[c].astype(np.int64), idx.zero_mem[c].astype(np.int64)
+
+
+def resource_request_and_allocatable(pod: Pod, state: ClusterState, candidates: np.ndarray, name: str,
+                                     non_zero: bool, zero_counts: tuple[np.ndarray, np.ndarray] | None = None
+                                     ) -> tuple[np.ndarray, np.ndarray]:
+    """(requested including the pod, allocatable) per candidate, as resourceAllocationScorer sees them.
+
+    ``non_zero`` uses kube-scheduler's defaults for pods without requests (100m cpu, 200 MiB), as
+    NodeResourcesFit scoring does; BalancedAllocation uses the plain requests. An extended
+    resource (GPU) the pod does not request reports allocatable 0 so that it is skipped.
+    ``zero_counts`` (from ``zero_request_counts``) saves recounting when several resources are scored.
+    """
+    c = np.asarray(candidates, dtype=np.int64)
+    if non_zero and zero_counts is None and name in (CPU, MEMORY):
+        zero_counts = zero_request_counts(state, c)
+    if name == CPU:
+        used, alloc, req = state.cpu_used[c].copy(), state.cpu_cap[c], pod.cpu_milli
+        if non_zero:
+            used += DEFAULT_MILLI_CPU_REQUEST * zero_counts[0]
+            req = req or DEFAULT_MILLI_CPU_REQUEST
+    elif name == MEMORY:
+        used, alloc, req = state.mem_used[c].copy(), state.mem_cap[c], pod.memory_mib
+        if non_zero:
+            used += DEFAULT_MEMORY_REQUEST_MIB * zero_counts[1]
+            req = req or DEFAULT_MEMORY_REQUEST_MIB
+    elif name == GPU:
+        req = pod.gpu_milli_total if pod.is_gpu_share else pod.num_gpu * GPU_MILLI
+        if req == 0:
+            return np.zeros(len(c), np.int64), np.zeros(len(c), np.int64)
+        used, alloc = state.gpu_used[c].sum(axis=1), state.gpu_count[c] * GPU_MILLI
+    else:
+        raise ValueError(f"unknown resource {name!r}")
+    return used + req, np.asarray(alloc, dtype=np.int64)
+
+
+def _weighted(pod, state, candidates, resources, per_resource, non_zero: bool) -> np.ndarray:
+    """sum(score * weight) // sum(weight) over resources the node has (allocatable > 0)."""
+    total = np.zeros(len(candidates), dtype=np.int64)
+    wsum = np.zeros(len(candidates), dtype=np.int64)
+    zero = zero_request_counts(state, candidates) if non_zero else None
+    for spec in resources:
+        req, alloc = resource_request_and_allocatable(pod, state, candidates, spec.name, non_zero, zero)
+        has = alloc > 0
+        s = per_resource(req, np.where(has, alloc, 1))
+        total += np.where(has, s * spec.weight, 0)
+        wsum += np.where(has, spec.weight, 0)
+    return np.where(wsum > 0, total // np.maximum(wsum, 1), 0).astype(np.float64)
+
+
+def score_least_allocated(pod: Pod, state: ClusterState, candidates: np.ndarray,
+                          resources: tuple[ResourceSpec, ...] = DEFAULT_RESOURCES) -> np.ndarray:
+    """NodeResourcesFit LeastAllocated: (alloc - req) * 100 / alloc per resource (0 if over)."""
+    return _weighted(pod, state, candidates, resources,
+                     lambda r, a: np.where(r > a, 0, (a - r) * MAX_NODE_SCORE // a), non_zero=True)
+
+
+def score_most_allocated(pod: Pod, state: ClusterState, candidates: np.ndarray,
+                         resources: tuple[ResourceSpec, ...] = DEFAULT_RESOURCES) -> np.ndarray:
+    """NodeResourcesFit MostAllocated: min(req, alloc) * 100 / alloc per resource."""
+    return _weighted(pod, state, candidates, resources,
+                     lambda r, a: np.minimum(r, a) * MAX_NODE_SCORE // a, non_zero=True)
+
+
+def broken_linear(shape: tuple[tuple[int, int], ...], p: np.ndarray) -> np.ndarray:
+    """helper.BuildBrokenLinearFunction over int64 utilisations ``p`` (scores already 0..100)."""
+    p = np.asarray(p, dtype=np.int64)
+    out = np.full(p.shape, shape[-1][1], dtype=np.int64)
+    done = np.zeros(p.shape, dtype=bool)
+    for k, (u, s) in enumerate(shape):
+        hit = ~done & (p <= u)
+        if k == 0:
+            out[hit] = s
+        else:
+            u0, s0 = shape[k - 1]
+            out[hit] = s0 + _go_div((s - s0) * (p[hit] - u0), u - u0)
+        done |= hit
+    return out
+
+
+def score_requested_to_capacity_ratio(pod: Pod, state: ClusterState, candidates: np.ndarray,
+                                      shape: tuple[tuple[int, int], ...] = PACKING_SHAPE,
+                                      resources: tuple[ResourceSpec, ...] = DEFAULT_RESOURCES) -> np.ndarray:
+    """RequestedToCapacityRatio: shape points (utilisation %, score 0..10) scaled to 0..100; only
+    resources with a positive score enter the weighted mean, which is rounded (as in the Go code)."""
+    pts = tuple((int(u), int(s) * (MAX_NODE_SCORE // 10)) for u, s in shape)
+    total = np.zeros(len(candidates), dtype=np.int64)
+    wsum = np.zeros(len(candidates), dtype=np.int64)
+    zero = zero_request_counts(state, candidates)
+    for spec in resources:
+        req, alloc = resource_request_and_allocatable(pod, state, candidates, spec.name, True, zero)
+        safe = np.maximum(alloc, 1)
+        util = np.where(req >= alloc, 100, np.where(req <= 0, 0, req * 100 // safe))
+        s = broken_linear(pts, util)
+        use = (alloc > 0) & (s > 0)
+        total += np.where(use, s * spec.weight, 0)
+        wsum += np.where(use, spec.weight, 0)
+    return np.where(wsum > 0, _go_round(total / np.maximum(wsum, 1)), 0).astype(np.float64)
+
+
+def score_balanced_allocation(pod: Pod, state: ClusterState, candidates: np.ndarray,
+                              resources: tuple[ResourceSpec, ...] = DEFAULT_RESOURCES) -> np.ndarray:
+    """NodeResourcesBalancedAllocation: (1 - std of requested/allocatable fractions) * 100.
+
+    Two resources: std = |f0 - f1| / 2; more: population std. Fractions are capped at 1 and use
+    plain requests; best-effort pods (no request for any listed resource) are skipped (all 0)."""
+    fracs, has = [], []
+    for spec in resources:
+        req, alloc = resource_request_and_allocatable(pod, state, candidates, spec.name, non_zero=False)
+        fracs.append(np.minimum(req / np.maximum(alloc, 1), 1.0))
+        has.append(alloc > 0)
+    pod_req = {CPU: pod.cpu_milli, MEMORY: pod.memory_mib, GPU: pod.num_gpu * pod.gpu_milli}
+    if all(pod_req[s.name] == 0 for s in resources):
+        return np.zeros(len(candidates), dtype=np.float64)
+    f, h = np.array(fracs).reshape(len(resources), -1), np.array(has).reshape(len(resources), -1)
+    n = h.sum(axis=0)
+    mean = np.where(n > 0, (f * h).sum(axis=0) / np.maximum(n, 1), 0.0)
+    std = np.sqrt(((f - mean) ** 2 * h).sum(axis=0) / np.maximum(n, 1))
+    spread = np.where(h, f, -np.inf).max(axis=0) - np.where(h, f, np.inf).min(axis=0)
+    std = np.where(n == 2, np.abs(spread) / 2, np.where(n > 2, std, 0.0))  # Go's exact two-resource form
+    return np.trunc((1.0 - std) * MAX_NODE_SCORE)
