@@ -1,7 +1,8 @@
 """Label, node-selector, toleration and pod-affinity-term matching, with Kubernetes' semantics.
 
-Pure predicates over the plain types of ``cluster.model``. The hard filter (``filters.py``) and
-the scorers (``policies/kube_resources.py``, ``policies/kube_affinity.py``) share them, so a term means the same thing everywhere.
+Pure predicates over the plain types of ``cluster.model``. The hard filter (``filters.py``) and the
+scorers (``policies/kube_resources.py``, ``policies/kube_affinity.py``) share them, so a term means
+the same thing everywhere.
 
 Two conventions worth knowing:
 - every Kubernetes node carries ``kubernetes.io/hostname``; when a ``Node`` has no such label we
