@@ -216,18 +216,22 @@ def calibrate(rows: dict[str, np.ndarray]) -> dict[str, str]:
 
 
 def print_tables(per: dict[str, list[RunLog]], names: list[str], schemes: list[str], record_s: float,
-                 phase_s: float) -> None:
+                 phase_s: float) -> dict[str, np.ndarray]:
+    """One cumulative-reward table per scheme; returns the first scheme's per-phase rows (policy -> sums)."""
+    first = {}
     for scheme in schemes:
         print(f"## Cumulative reward, scheme {scheme} (sum over {record_s:g} s windows, mean over seeds)\n")
         print("| policy | " + " | ".join(PHASES) + " | total | vs best fixed |")
         print("|---|" + "---:|" * (len(PHASES) + 2))
         rows = {n: np.mean([phase_sums(lg, scheme, phase_s) for lg in logs], axis=0) for n, logs in per.items()}
-        best = max((n for n in names), key=lambda n: rows[n].sum())
+        first = first or rows
+        best = max(names, key=lambda n: rows[n].sum())
         for n, r in rows.items():
             cells = [f"**{x:.2f}**" if x >= max(rows[m][k] for m in names) else f"{x:.2f}" for k, x in enumerate(r)]
             print(f"| {n} | " + " | ".join(cells) + f" | {r.sum():.2f} | "
                   f"{(r.sum() / rows[best].sum() - 1) * 100:+.2f} % |")
         print()
+    return first
 
 
 def main() -> int:
@@ -267,8 +271,7 @@ def main() -> int:
     if args.calibrate:
         print(f"# Regime-shift calibration: {args.nodes} nodes, phases of {args.phase:g} s, seeds {seeds}, "
               f"pool {names} ({wall:.0f} s)\n")
-        print_tables(per, names, schemes[:1], args.record, args.phase)
-        rows = {n: np.mean([phase_sums(lg, args.scheme, args.phase) for lg in logs], axis=0) for n, logs in per.items()}
+        rows = print_tables(per, names, schemes[:1], args.record, args.phase)
         for k, ph in enumerate(PHASES):
             best = max(rows, key=lambda n: rows[n][k])
             print(f"- {ph} ({PHASE_REGIME[ph]}): {best} {rows[best][k]:.2f}")

@@ -40,6 +40,7 @@ from agmarl_common.cluster.model import ClusterState, Pod, pod_index
 from agmarl_common.policies.base import MAX_NODE_SCORE, PolicyBase
 from agmarl_common.policies.kube import (
     DEFAULT_PLUGIN_WEIGHTS,
+    WeightedPluginsPolicy,
     score_inter_pod_affinity,
     score_node_affinity,
     score_pod_topology_spread,
@@ -121,17 +122,6 @@ def score_utilisation_gain(pod: Pod, state: ClusterState, candidates: np.ndarray
     return -(overload_loss(u + d) - overload_loss(u)) / n
 
 
-def _ls_running(state: ClusterState, nodes: np.ndarray) -> np.ndarray:
-    return np.array([sum(p.qos == LS_QOS for p in state.bound[i]) for i in nodes], dtype=np.float64)
-
-
-def _ls_totals(state: ClusterState, pod: Pod) -> tuple[np.ndarray, float, float]:
-    """(LS pods per node, LS pods running, the same with ``pod`` bound)."""
-    ls_nodes = _ls_running(state, np.arange(state.n_nodes))
-    total0 = float(ls_nodes.sum())
-    return ls_nodes, total0, total0 + (pod.qos == LS_QOS)
-
-
 def score_ls_gain(pod: Pod, state: ClusterState, candidates: np.ndarray,
                   threshold: float = HOT_NODE_THRESHOLD) -> np.ndarray:
     """Change of the share of LS pods not on a hot node (cpu pressure > ``threshold``): the LS pods
@@ -147,7 +137,9 @@ def score_ls_gain(pod: Pod, state: ClusterState, candidates: np.ndarray,
     own = (after > threshold).astype(np.float64) if pod.qos == LS_QOS else out
     if not crossing.any() and not own.any():
         return out
-    ls_nodes, total0, total1 = _ls_totals(state, pod)
+    ls_nodes = np.array([sum(p.qos == LS_QOS for p in pods) for pods in state.bound], dtype=np.float64)
+    total0 = float(ls_nodes.sum())
+    total1 = total0 + (pod.qos == LS_QOS)  # LS pods running with ``pod`` bound
     if total1 == 0:  # no LS pod anywhere: nothing to lose
         return out
     bad0 = float(ls_nodes[pressure > threshold].sum())
@@ -214,14 +206,9 @@ def reward_gains(pod: Pod, state: ClusterState, candidates: np.ndarray,
 def score_preferences(pod: Pod, state: ClusterState, candidates: np.ndarray,
                       weights: dict[str, int] = DEFAULT_PLUGIN_WEIGHTS) -> np.ndarray:
     """kube-default's preference plugins, weighted as in its profile, as a mean in 0..100."""
-    c = np.asarray(candidates, dtype=np.int64)
-    total = np.zeros(len(c))
-    wsum = 0
-    for name, scorer in PREFERENCE_PLUGINS.items():
-        w = weights.get(name, 0)
-        if w:
-            total += w * scorer(pod, state, c)
-            wsum += w
+    plugins = {name: (scorer, weights[name]) for name, scorer in PREFERENCE_PLUGINS.items() if weights.get(name, 0)}
+    wsum = sum(w for _, w in plugins.values())
+    total = WeightedPluginsPolicy(plugins).score(pod, state, candidates)
     return total / wsum if wsum else total
 
 
