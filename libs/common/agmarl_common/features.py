@@ -24,7 +24,7 @@ cluster holds ~100,000 bound pods) and keeps node rows independent of each other
 
 Pure numpy: no torch. ``FeatureContext`` carries the target workload and memoised per-node results
 (derived data only: outputs depend on the arguments alone). ``build_graph`` computes the pairs of all
-pods at once (``pair_features_batch``, the values ``pair_features`` gives pod by pod). The pair rows and
+pods at once (``pair_features_batch``; ``pair_features`` is one pod's slice of it). The pair rows and
 the placement fragmentation they read live in ``agmarl_common.features_pairs`` (re-exported here).
 """
 
@@ -102,7 +102,6 @@ class FeatureContext:
     _frag: np.ndarray = field(default_factory=lambda: np.zeros(0))
     _edges: np.ndarray | None = None
     _version: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (n,) bumped when a row changes
-    _seen: tuple = ()  # the usage arrays of the last refresh: the same arrays again -> nothing changed
     _terms: dict = field(default_factory=dict)  # per-node terms the pair features read, (n,) or (n, G) each
     _pairs: dict = field(default_factory=dict)  # pod shape -> (row version, delta, after, device), (n,) each
     _shape_prob: dict = field(default_factory=dict)
@@ -122,7 +121,6 @@ class FeatureContext:
         self._node_x = np.zeros((n, F_NODE), np.float32)
         self._frag = np.zeros(n)
         self._version = np.zeros(n, np.int64)
-        self._seen = ()
         z = np.zeros(n, np.int64)
         self._terms = {"cpu_cap": np.maximum(state.cpu_cap, 1), "mem_cap": np.maximum(state.mem_cap, 1),
                        "gpu_count": state.gpu_count.copy(), "gpu_cap": state.gpu_count * GPU_MILLI,
@@ -149,8 +147,8 @@ class FeatureContext:
     def _refresh(self, state: ClusterState) -> None:
         self._bind_nodes(state)
         cur = (state.cpu_used, state.mem_used, state.pods_used, state.gpu_used, state.schedulable)
-        if len(self._seen) == len(cur) and all(a is b for a, b in zip(cur, self._seen)):
-            return
+        if len(self._snap) == len(cur) and all(a is b for a, b in zip(cur, self._snap)):
+            return  # the same arrays: nothing changed
         if not self._snap:
             rows = np.arange(state.n_nodes)
         else:
@@ -165,7 +163,7 @@ class FeatureContext:
             self._frag[rows] = frag
             self._version[rows] += 1
             self._refresh_terms(state, rows)
-        self._snap = self._seen = cur  # references: states are immutable (bind/unbind return new arrays)
+        self._snap = cur  # references: states are immutable (bind/unbind return new arrays)
 
     def _refresh_terms(self, state: ClusterState, rows: np.ndarray) -> None:
         t = self._terms

@@ -1,11 +1,12 @@
 """Candidate-pair inputs of the scheduling graph: the fragmentation a placement leaves and the pair rows.
 
-``placement_frag`` / ``placement_frag_many`` give the FGD fragmentation amount after placing a pod shape on
-nodes (and, for a GPU share, the device leaving the least); ``FeatureContext`` (``agmarl_common.features``)
-memoises them per pod shape and node usage through ``shape_jobs`` and ``current_memos``. ``pair_features``
-builds one pod's ``cand_attr`` rows (``EDGE_FEATURES``); ``pair_features_batch`` the same values for all
-pods at once. The row scales shared by node, pod and pair rows live here too. Pure numpy; every public
-name is re-exported by ``agmarl_common.features``.
+``placement_frag_many`` gives the FGD fragmentation amount after placing pod shapes on nodes (and, for a
+GPU share, the device leaving the least); ``placement_frag`` is the same for one shape, written plainly
+(the reference the batched form is tested against). ``FeatureContext`` (``agmarl_common.features``)
+memoises them per pod shape and node usage through ``shape_jobs`` and ``current_memos``.
+``pair_features_batch`` builds the ``cand_attr`` rows (``EDGE_FEATURES``) of all pods at once,
+``pair_features`` one pod's. The row scales shared by node, pod and pair rows live here too. Pure numpy;
+every public name is re-exported by ``agmarl_common.features``.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ def gpu_left(state: ClusterState, rows: np.ndarray) -> np.ndarray:
     """(len(rows), MAX_GPUS) milli free per device of nodes ``rows`` (0 for slots that are not GPUs)."""
     exists = np.arange(MAX_GPUS)[None, :] < state.gpu_count[rows][:, None]
     return np.where(exists, GPU_MILLI - state.gpu_used[rows], 0)
-
 
 
 def placement_frag(shape: tuple, state: ClusterState, rows: np.ndarray, access: np.ndarray,
@@ -170,45 +170,16 @@ def current_memos(memo: dict, jobs: list[tuple[tuple, np.ndarray]], state: Clust
 
 def pair_features(pod: Pod, state: ClusterState, cand: np.ndarray,
                   context: FeatureContext) -> tuple[np.ndarray, np.ndarray]:
-    """((E, F_EDGE) float32 features, (E,) device) of placing ``pod`` on each node of ``cand``."""
-    idx = np.asarray(cand, dtype=np.int64)
-    delta, after, dev = context.frag_after(pod, state, idx)
-    milli = pod.gpu_milli if pod.num_gpu > 0 else 0
-    gpu_req = pod.num_gpu * milli
-    cpu_cap = np.maximum(state.cpu_cap[idx], 1)
-    cpu_free = state.cpu_cap[idx] - state.cpu_used[idx]
-    cpu_after = cpu_free - pod.cpu_milli
-    mem_after = state.mem_cap[idx] - state.mem_used[idx] - pod.memory_mib
-    left = gpu_left(state, idx)
-    gcap = state.gpu_count[idx] * GPU_MILLI
-    gpu_after = left.sum(axis=1) - gpu_req
-    rows = np.arange(len(idx))
-    dev_left = np.where(dev >= 0, left[rows, np.maximum(dev, 0)] - milli, 0) / GPU_MILLI
-    whole_after = (left >= GPU_MILLI).sum(axis=1) - (pod.num_gpu if milli >= GPU_MILLI else 0)
-    cols = [
-        cpu_after / cpu_cap,
-        mem_after / np.maximum(state.mem_cap[idx], 1),
-        gpu_after / GPU_SCALE,
-        np.divide(gpu_after, gcap, out=np.zeros(len(idx)), where=gcap > 0),
-        np.clip(delta / FRAG_SCALE, -8.0, 8.0),
-        1.0 / (1.0 + np.exp(delta / FRAG_SCALE)),
-        after / GPU_SCALE,
-        dev_left,
-        np.where(state.gpu_count[idx] > 0, whole_after, 0) / MAX_GPUS,
-        np.divide(pod.cpu_milli, cpu_free, out=np.zeros(len(idx)), where=cpu_free > 0),
-        0.5 * cpu_after / CPU_SCALE + 0.5 * gpu_after / GPU_SCALE,
-        (state.pods_used[idx] == 0).astype(np.float64),
-        ((gcap > 0) & (gpu_after <= 0) & (gpu_req > 0)).astype(np.float64),
-        np.divide(gpu_req, gcap, out=np.zeros(len(idx)), where=gcap > 0),
-    ]
-    return np.stack(cols, axis=1).astype(np.float32).reshape(len(idx), F_EDGE), dev
+    """((E, F_EDGE) float32 features, (E,) device) of placing ``pod`` on each node of ``cand``: its slice
+    of ``pair_features_batch``."""
+    return pair_features_batch([pod], state, [np.asarray(cand, dtype=np.int64)], context)
 
 
 def pair_features_batch(pods: Sequence[Pod], state: ClusterState, candidates: Sequence[np.ndarray],
                         context: FeatureContext) -> tuple[np.ndarray, np.ndarray]:
-    """``pair_features`` of every pod against its candidates, concatenated pod-major: the same values,
-    computed over all pairs at once (per-node terms once per node, fragmentation memo updates once
-    per pod shape). ``candidates[k]`` must be int64 node indexes in range."""
+    """((E, F_EDGE) float32 features, (E,) device) of placing every pod on each of its candidates,
+    concatenated pod-major, computed over all pairs at once (per-node terms once per node, fragmentation
+    memo updates once per pod shape). ``candidates[k]`` must be int64 node indexes in range."""
     if len(candidates) != len(pods):
         raise ValueError(f"pair_features_batch: {len(pods)} pods but {len(candidates)} candidate arrays")
     sizes = np.array([len(c) for c in candidates], np.int64)
@@ -218,7 +189,7 @@ def pair_features_batch(pods: Sequence[Pod], state: ClusterState, candidates: Se
         return np.zeros((0, F_EDGE), np.float32), np.zeros(0, np.int64)
     pod_of = np.repeat(np.arange(len(pods)), sizes)
     delta, after, dev = context.frag_after_batch(pods, state, idx, pod_of)
-    # per pod (P,): the request, as pair_features reads it
+    # per pod (P,): the request
     milli_p = np.array([p.gpu_milli if p.num_gpu > 0 else 0 for p in pods])
     num_p = np.array([p.num_gpu for p in pods])
     req_p = num_p * milli_p

@@ -58,17 +58,10 @@ def _ranked(idx: np.ndarray, raw: np.ndarray) -> list[tuple[int, float]]:
     return list(zip(idx[order].tolist(), scores[order].tolist()))
 
 
-def propose(pod: Pod, state: ClusterState, policy: Policy) -> list[tuple[int, float]]:
-    """(node index, score 0..100) for every node passing the hard filter, best first."""
-    idx = feasible_nodes(pod, state)
-    if idx.size == 0:
-        return []
-    return _ranked(idx, policy.score(pod, state, idx))
-
-
 def propose_all(pods: list[Pod], state: ClusterState, policy: Policy) -> dict[str, list[tuple[int, float]]]:
-    """``propose`` for every pod against the same ``state``; a policy with ``score_batch`` (the learned
-    one) scores them all in one pass (one graph, one encoder and one actor run)."""
+    """Each pod's proposals against the same ``state``: (node index, score 0..100) for every node passing
+    the hard filter, best first. A policy with ``score_batch`` (the learned one) scores them all in one
+    pass (one graph, one encoder and one actor run)."""
     cands = [feasible_nodes(p, state) for p in pods]
     live = [k for k, c in enumerate(cands) if c.size]
     batch = getattr(policy, "score_batch", None)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agmarl_common.cluster.filters import _resource_mask  # bulk fits_resources (+ fits_gpu), one implementation
+from agmarl_common.cluster.filters import fits_resources_mask
 from agmarl_common.cluster.model import ClusterState, Pod
 from agmarl_common.policies.base import Policy, normalise_scores
 
@@ -31,7 +31,7 @@ def guard(pod: Pod, state: ClusterState) -> np.ndarray:
     """Candidate indexes that still fit (resources and GPU) in the given candidate state: the nodes where
     ``fits_resources(pod, state, i).ok`` (which includes ``fits_gpu``), computed over all nodes at once
     by the hard filter's own bulk form of that check."""
-    return np.flatnonzero(_resource_mask(pod, state)).astype(np.int64)
+    return np.flatnonzero(fits_resources_mask(pod, state)).astype(np.int64)
 
 
 def blend(model: np.ndarray, default: np.ndarray, mode: str, model_weight: float) -> np.ndarray:

@@ -118,6 +118,20 @@ def _mask(devices: Sequence[int]) -> int:
     return out
 
 
+def _devices_of(mask: int) -> tuple[int, ...]:
+    """The devices of a bit mask, ascending (bits from MAX_GPUS up are ignored)."""
+    return tuple(j for j in range(MAX_GPUS) if mask >> j & 1)
+
+
+def _nodes_and_rows(state: Mapping[str, Any], what: str) -> tuple[list, list]:
+    """(node dicts, bound pod dicts per node) of a ``state_to_dict`` state."""
+    nodes = list(state["nodes"])
+    rows = list(state.get("bound") or [[] for _ in nodes])
+    if len(rows) != len(nodes):
+        raise ValueError(f"{what}: {len(rows)} bound lists for {len(nodes)} nodes")
+    return nodes, rows
+
+
 def compact_dict(state: Mapping[str, Any], pending: Sequence[Mapping[str, Any]] = (),
                  without: str = "") -> dict[str, Any]:
     """The compact form of a ``state_to_dict`` state and ``to_dict`` pending pods; the pod whose key is
@@ -125,10 +139,7 @@ def compact_dict(state: Mapping[str, Any], pending: Sequence[Mapping[str, Any]] 
     ``state`` may also be a compact snapshot (``compact_snapshot``)."""
     if is_snapshot(state):
         return _compact_of_snapshot(state, pending, without)
-    nodes = list(state["nodes"])
-    rows = list(state.get("bound") or [[] for _ in nodes])
-    if len(rows) != len(nodes):
-        raise ValueError(f"compact state: {len(rows)} bound lists for {len(nodes)} nodes")
+    nodes, rows = _nodes_and_rows(state, "compact state")
     templates = _Templates()
     bound = [[templates.of(p) << _MASK_BITS | _mask(p.get("gpu_devices", ())) for p in pods
               if not without or pod_key_of(p) != without] for pods in rows]
@@ -171,6 +182,11 @@ def _nodes_from_columns(cols: Mapping[str, Any]) -> tuple[Node, ...]:
     return tuple(nodes)
 
 
+def _nodes_and_templates(data: Mapping[str, Any]) -> tuple[tuple[Node, ...], list[Pod]]:
+    """The nodes and the pod templates (anonymous pods) of either compact form."""
+    return _nodes_from_columns(data["nodes"]), [pod_from_dict({**t, "name": ""}) for t in data["templates"]]
+
+
 def _template(templates: list[Pod], t: int) -> Pod:
     if not 0 <= t < len(templates):
         raise ValueError(f"compact state: template {t} outside 0..{len(templates) - 1}")
@@ -181,8 +197,7 @@ def state_from_compact(data: Mapping[str, Any]) -> tuple[ClusterState, tuple[Pod
     """(cluster state, pending pods) of a compact state; raises ValueError/TypeError/KeyError when malformed."""
     if not is_compact(data):
         raise ValueError(f"not a compact state (format {data.get('format') if isinstance(data, Mapping) else None!r})")
-    nodes = _nodes_from_columns(data["nodes"])
-    templates = [pod_from_dict({**t, "name": ""}) for t in data["templates"]]
+    nodes, templates = _nodes_and_templates(data)
     rows = data["bound"]
     if not isinstance(rows, list) or len(rows) != len(nodes):
         raise ValueError(f"compact state: bound does not hold {len(nodes)} node lists")
@@ -191,8 +206,8 @@ def state_from_compact(data: Mapping[str, Any]) -> tuple[ClusterState, tuple[Pod
         pods = []
         for k, entry in enumerate(entries):
             base = _template(templates, int(entry) >> _MASK_BITS)
-            devices = tuple(j for j in range(MAX_GPUS) if int(entry) >> j & 1)
-            pods.append(replace(base, name=f"{nodes[i].name}#{k}", node_name=nodes[i].name, gpu_devices=devices))
+            pods.append(replace(base, name=f"{nodes[i].name}#{k}", node_name=nodes[i].name,
+                                gpu_devices=_devices_of(int(entry))))
         bound.append(tuple(pods))
     pending = tuple(replace(_template(templates, int(t)), name=f"pending#{k}") for k, t in enumerate(data["pending"]))
     return state_with_bound(nodes, bound), pending
@@ -232,7 +247,7 @@ def _time_out(t: Any) -> Any:
 def _devices_out(devices: Sequence[int]) -> int | list[int]:
     """Ascending devices as a bit mask, any other order as the list itself (order is kept)."""
     mask = _mask(devices)
-    return mask if list(devices) == [j for j in range(MAX_GPUS) if mask >> j & 1] else [int(j) for j in devices]
+    return mask if tuple(devices) == _devices_of(mask) else [int(j) for j in devices]
 
 
 def _devices_in(value: Any) -> tuple[int, ...]:
@@ -240,15 +255,12 @@ def _devices_in(value: Any) -> tuple[int, ...]:
         return tuple(value)
     if not isinstance(value, int) or not 0 <= value < 1 << MAX_GPUS:
         raise ValueError(f"compact snapshot: bad gpu device mask {value!r}")
-    return tuple(j for j in range(MAX_GPUS) if value >> j & 1)
+    return _devices_of(value)
 
 
 def compact_snapshot_dict(state: Mapping[str, Any]) -> dict[str, Any]:
     """The compact snapshot form of a ``state_to_dict`` state: every bound pod kept with its identity."""
-    nodes = list(state["nodes"])
-    rows = list(state.get("bound") or [[] for _ in nodes])
-    if len(rows) != len(nodes):
-        raise ValueError(f"compact snapshot: {len(rows)} bound lists for {len(nodes)} nodes")
+    nodes, rows = _nodes_and_rows(state, "compact snapshot")
     templates = _Templates()
     cols: dict[str, list] = {k: [] for k in ("template", "name", "uid", "creation_time", "duration", "gpu_devices",
                                              "node_name")}
@@ -304,8 +316,7 @@ def state_from_snapshot(data: Mapping[str, Any]) -> ClusterState:
     if not is_snapshot(data):
         found = data.get("format") if isinstance(data, Mapping) else None
         raise ValueError(f"not a compact snapshot (format {found!r})")
-    nodes = _nodes_from_columns(data["nodes"])
-    templates = [pod_from_dict({**t, "name": ""}) for t in data["templates"]]
+    nodes, templates = _nodes_and_templates(data)
     count, cols = _snapshot_columns(data, nodes)
     tmpl, name, uid, node = cols["template"], cols["name"], cols["uid"], cols["node_name"]
     created, duration, devices = cols["creation_time"], cols["duration"], cols["gpu_devices"]
