@@ -73,7 +73,8 @@ class RewardApp:
         self.last_seq = msg.seq
         view, before_stats = SnapshotView(msg), self.last_stats
         self.last_stats, self.last_view = dict(msg.stats), view  # decisions from now on were made on this one
-        ready = [(d, before) for d, before in self.waiting.values() if d.decided_at <= time.time()]
+        now = time.time()
+        ready = [(d, before) for d, before in self.waiting.values() if d.decided_at <= now]
         if not ready:
             return
         for d, _ in ready:

@@ -35,6 +35,7 @@ from prometheus_client import Counter
 
 from agmarl_common import messages as m
 from agmarl_common import modelstore, subjects
+from agmarl_common.policies.onnx_model import MODEL_PREFIX
 from agmarl_common.service import HandlerContext, ServiceRuntime
 from agmarl_common.settings import load_settings
 from agmarl_trainer.experience import ExperienceBuffer
@@ -48,7 +49,11 @@ CONFIG_DIR = REPO_ROOT / "configs" / "train"
 DEFAULT_CONFIG = "finetune.yaml"
 WORK_DIR = REPO_ROOT / ".state" / "trainer"  # ignored by git
 MAX_RUN_S = 3 * 3600.0  # a run still going after this is terminated
-MODEL_PREFIX = "model:"
+
+
+def write_result(path: str | Path, body: dict) -> None:
+    """A run's result.json."""
+    Path(path).write_text(json.dumps(body, indent=2, default=str) + "\n")
 
 
 def run_job(config_path: str, incumbent: dict, experience_path: str, out_dir: str, runs_dir: str,
@@ -56,7 +61,7 @@ def run_job(config_path: str, incumbent: dict, experience_path: str, out_dir: st
     """Worker process: ``finetune.run_finetune``, its result (or the error) as JSON in ``result_path``.
 
     It leads its own process group, so stopping the run stops its rollout workers too (``_stop``)."""
-    from agmarl_trainer.finetune import Incumbent, run_finetune, write_result
+    from agmarl_trainer.finetune import Incumbent, run_finetune
 
     os.setsid()
     try:
@@ -222,16 +227,15 @@ class TrainerApp:
         """Publish a promoted (or forced) candidate, else report the gate's refusal; the outcome goes into
         result.json too."""
         gate = body["gate"]
-        if not (gate["promote"] or gate.get("forced")) or not body.get("version"):
-            body["published"] = ""
-            result.write_text(json.dumps(body, indent=2, default=str) + "\n")
+        version = ""
+        if (gate["promote"] or gate.get("forced")) and body.get("version"):
+            version = self.latest = await self.publish_model(out)
+            (self.work_dir / "latest_published").write_text(version + "\n")
+        body["published"] = version
+        write_result(result, body)
+        if not version:
             await self._status(req, "rejected", verdict_detail(body))
             return
-        version = await self.publish_model(out)
-        self.latest = version
-        (self.work_dir / "latest_published").write_text(version + "\n")
-        body["published"] = version
-        result.write_text(json.dumps(body, indent=2, default=str) + "\n")
         how = "published without the gate's approval (evidence force)" if gate.get("forced") else "published"
         await self._status(req, "done", f"model {version} {how}; {verdict_detail(body)}", version)
 

@@ -86,6 +86,18 @@ def contract() -> dict:
             "intra_op_num_threads": 1, "device_choice": "features.device_for (least-fragmenting device for a share)"}
 
 
+def model_manifest(name: str, model_dir: Path, training: dict, evaluation: dict, parity: dict[str, float]) -> dict:
+    """The manifest of an exported model folder (before ``write_manifest`` adds the files' sha256): the
+    version is ``<name>-<12 hex digits of the ONNX pair's hash>``."""
+    from agmarl_trainer.export import sha256_file
+
+    digest = hashlib.sha256((sha256_file(model_dir / "encoder.onnx") + sha256_file(model_dir / "actor.onnx")).encode())
+    return {"version": f"{name}-{digest.hexdigest()[:12]}",
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "training": training, "evaluation": evaluation,
+            "parity": {"tolerance": PARITY_TOL, "max_abs_diff": parity}, "contract": contract()}
+
+
 def _alloc_table(results: dict, trained: Sequence[str]) -> list[str]:
     lines = ["| workload | trained on | model | FGD | BestFit | model - FGD |", "|---|---|---|---|---|---|"]
     for w, per in results.items():
@@ -158,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out or f"models/{cfg.name}")
     run_dir = Path(args.runs_dir) / cfg.name
     from agmarl_trainer import distributed
-    from agmarl_trainer.export import export_onnx, sha256_file, write_manifest
+    from agmarl_trainer.export import export_onnx, write_manifest
     from agmarl_trainer.train import train
 
     rank, wrap = 0, None
@@ -176,14 +188,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     shutil.copyfile(run_dir / "model.pt", out / "model.pt")
     parity = parity_check(result.net, out)
     print(f"parity: {parity}", file=sys.stderr)
-    digest = hashlib.sha256((sha256_file(out / "encoder.onnx") + sha256_file(out / "actor.onnx")).encode())
     evaluation: dict = {"quick": result.eval}
-    manifest = {"version": f"{cfg.name}-{digest.hexdigest()[:12]}",
-                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "training": {"config_path": str(args.config), "config": config_to_dict(cfg),
-                             "seconds": round(result.seconds, 1), "history": result.history},
-                "evaluation": evaluation, "parity": {"tolerance": PARITY_TOL, "max_abs_diff": parity},
-                "contract": contract()}
+    manifest = model_manifest(cfg.name, out, {"config_path": str(args.config), "config": config_to_dict(cfg),
+                                              "seconds": round(result.seconds, 1), "history": result.history},
+                              evaluation, parity)
     write_manifest(out, manifest)  # complete but for the full evaluation, which reads it
     if args.evaluate == "full":
         from agmarl_trainer.evaluate import evaluate_dynamic, evaluate_openb

@@ -119,10 +119,9 @@ def experience_samples(transitions: Iterable[m.Experience], quantile: float = 0.
         else:
             decisions.append(d)
     cut = reward_threshold([d.reward for d in decisions], quantile)
-    kept = [d for d in decisions if d.reward >= cut]
-    if max_samples > 0:
-        kept = kept[-max_samples:]
-    counts["below_threshold"] = len(decisions) - len([d for d in decisions if d.reward >= cut])
+    above = [d for d in decisions if d.reward >= cut]
+    kept = above[-max_samples:] if max_samples > 0 else above
+    counts["below_threshold"] = len(decisions) - len(above)
     counts["used"] = len(kept)
     return [decision_sample(d) for d in kept], counts
 

@@ -19,9 +19,8 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-import hashlib
-import json
 import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -29,6 +28,8 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
+from agmarl_common.policies.onnx_model import MODEL_PREFIX
+from agmarl_common.sim import dynamic, synthetic
 from agmarl_trainer.config import TrainConfig, config_to_dict, load_config
 from agmarl_trainer.experience import experience_samples, read_experience
 from agmarl_trainer.imitation import expert_policy, expert_tasks, minibatches, openb_nodes, \
@@ -39,7 +40,7 @@ from agmarl_trainer.rollout import Sample, run_dynamic_episode, run_inflation_ep
 from agmarl_trainer.train import MetricsLog, imitation_step
 
 BASELINES = ("fgd", "bestfit")
-MODEL_PREFIX = "model:"
+SCRATCH = "scratch (no model.pt)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +69,7 @@ def start_net(inc: Incumbent, cfg: TrainConfig) -> tuple[PolicyNet, TrainConfig,
         net.load_state_dict(ckpt["state_dict"])
         return net, dataclasses.replace(cfg, net=ckpt["net"]), str(ckpt_path)
     torch.manual_seed(cfg.seed)
-    return PolicyNet(cfg.net), cfg, "scratch (no model.pt)"
+    return PolicyNet(cfg.net), cfg, SCRATCH
 
 
 def fit(net: PolicyNet, samples: Sequence[Sample], cfg: TrainConfig, rng: np.random.Generator,
@@ -96,10 +97,21 @@ def fit(net: PolicyNet, samples: Sequence[Sample], cfg: TrainConfig, rng: np.ran
 Actor = Callable[[], dict]  # -> run_*_episode keyword arguments (a fresh scorer or expert per episode)
 
 
+def dynamic_workload(cfg: TrainConfig) -> str:
+    """The dynamic workload the gate evaluates on (the first of ``sim.dynamic_workloads``; "" = none)."""
+    return cfg.sim.dynamic_workloads[0] if cfg.sim.dynamic_workloads else ""
+
+
 def evaluate_policies(actors: Mapping[str, Actor], cfg: TrainConfig) -> dict[str, dict[str, float]]:
     """{policy: {alloc_at_100, alloc_at_100_runs, hard_violations, dynamic_reward}}, same seeds for all."""
     out: dict[str, dict[str, float]] = {}
-    dyn_workload = cfg.sim.dynamic_workloads[0] if cfg.sim.dynamic_workloads else ""
+    dyn_workload = dynamic_workload(cfg)
+    sim = dynamic.SimConfig(tick_s=cfg.sim.dynamic_tick_s, horizon_s=cfg.sim.dynamic_horizon_s)
+    dyn_cases = []  # (seed, nodes, pods): the same for every policy
+    for seed in cfg.eval.sub_seeds if dyn_workload else ():
+        nodes = synthetic.synthetic_cluster(cfg.sim.dynamic_nodes, seed=seed)
+        dyn_cases.append((seed, nodes, synthetic.generate(dyn_workload, nodes, horizon_s=cfg.sim.dynamic_horizon_s,
+                                                          seed=seed)))
     for name, actor in actors.items():
         allocs, violations, rewards = [], 0.0, []
         for workload in cfg.eval.workloads:
@@ -108,34 +120,26 @@ def evaluate_policies(actors: Mapping[str, Actor], cfg: TrainConfig) -> dict[str
                 nodes = sub_cluster(openb_nodes(), cfg.eval.sub_nodes, rng)
                 allocs.append(run_inflation_episode(nodes, openb_pods(workload), rng, record_prob=0.0,
                                                     **actor()).alloc_at_100)
-        if dyn_workload:
-            from agmarl_common.sim import dynamic, synthetic
-
-            for seed in cfg.eval.sub_seeds:
-                nodes = synthetic.synthetic_cluster(cfg.sim.dynamic_nodes, seed=seed)
-                pods = synthetic.generate(dyn_workload, nodes, horizon_s=cfg.sim.dynamic_horizon_s, seed=seed)
-                sim = dynamic.SimConfig(tick_s=cfg.sim.dynamic_tick_s, horizon_s=cfg.sim.dynamic_horizon_s)
-                kw = actor()
-                if callable(getattr(kw.get("expert"), "observe_workload", None)):
-                    kw["expert"].observe_workload(pods)
-                _, stats = run_dynamic_episode(nodes, pods, seed, sim, record_prob=0.0, **kw)
-                violations += stats["hard_violations"]
-                rewards.append(stats["mean_reward"])
+        for seed, nodes, pods in dyn_cases:
+            kw = actor()
+            if callable(getattr(kw.get("expert"), "observe_workload", None)):
+                kw["expert"].observe_workload(pods)
+            _, stats = run_dynamic_episode(nodes, pods, seed, sim, record_prob=0.0, **kw)
+            violations += stats["hard_violations"]
+            rewards.append(stats["mean_reward"])
         out[name] = {"alloc_at_100": round(float(np.mean(allocs)), 3),
                      "alloc_at_100_runs": [round(a, 3) for a in allocs], "hard_violations": violations,
                      "dynamic_reward": round(float(np.mean(rewards)), 4) if rewards else 0.0}
     return out
 
 
-def incumbent_actor(inc: Incumbent) -> Actor:
-    """The serving policy as it serves: a model's torch weights (ONNX Runtime when it has no model.pt), or a
-    baseline by its registry name."""
+def incumbent_actor(inc: Incumbent, weights: PolicyNet | None = None) -> Actor:
+    """The serving policy as it serves: a model's torch weights (``weights``, its model.pt as ``start_net``
+    loaded it; ONNX Runtime when it has no model.pt), or a baseline by its registry name."""
     if not inc.is_model:
         return lambda: {"expert": expert_policy(inc.policy, 0)}
-    ckpt = Path(inc.model_dir) / "model.pt"
-    if ckpt.is_file():
-        net, _, _ = start_net(inc, TrainConfig())
-        return lambda: {"scorer": torch_scorer(net.eval())}
+    if weights is not None:
+        return lambda: {"scorer": torch_scorer(weights.eval())}
     from agmarl_trainer.evaluate import onnx_scorer
 
     return lambda: {"scorer": onnx_scorer(inc.model_dir, incremental=False)}
@@ -146,7 +150,7 @@ def protocol(cfg: TrainConfig) -> dict:
                           "workloads": list(cfg.eval.workloads), "metric": "alloc_at_100 (GPU allocation % at "
                                                                             "100 % of capacity arrived)"},
             "dynamic": {"nodes": cfg.sim.dynamic_nodes, "horizon_s": cfg.sim.dynamic_horizon_s,
-                        "workload": cfg.sim.dynamic_workloads[0] if cfg.sim.dynamic_workloads else "",
+                        "workload": dynamic_workload(cfg),
                         "seeds": list(cfg.eval.sub_seeds)}}
 
 
@@ -156,8 +160,8 @@ def protocol(cfg: TrainConfig) -> dict:
 
 def export_model(net: PolicyNet, cfg: TrainConfig, out: Path, training: dict, evaluation: dict) -> dict:
     """encoder.onnx, actor.onnx, model.pt and manifest.json in ``out``; raises when the parity check fails."""
-    from agmarl_trainer.cli import PARITY_TOL, contract, parity_check
-    from agmarl_trainer.export import export_onnx, sha256_file, write_manifest
+    from agmarl_trainer.cli import PARITY_TOL, model_manifest, parity_check
+    from agmarl_trainer.export import export_onnx, write_manifest
 
     out.mkdir(parents=True, exist_ok=True)
     export_onnx(net, out)
@@ -165,11 +169,7 @@ def export_model(net: PolicyNet, cfg: TrainConfig, out: Path, training: dict, ev
     parity = parity_check(net, out)
     if max(parity.values()) > PARITY_TOL:
         raise RuntimeError(f"ONNX parity check failed: {parity}")
-    digest = hashlib.sha256((sha256_file(out / "encoder.onnx") + sha256_file(out / "actor.onnx")).encode())
-    manifest = {"version": f"{cfg.name}-{digest.hexdigest()[:12]}",
-                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "training": {**training, "config": config_to_dict(cfg)}, "evaluation": evaluation,
-                "parity": {"tolerance": PARITY_TOL, "max_abs_diff": parity}, "contract": contract()}
+    manifest = model_manifest(cfg.name, out, {**training, "config": config_to_dict(cfg)}, evaluation, parity)
     write_manifest(out, manifest)
     return manifest
 
@@ -186,6 +186,8 @@ def run_finetune(config_path: str | Path, inc: Incumbent, experience_path: str |
     torch.set_num_threads(max(1, cfg.torch_threads))
     rng = np.random.default_rng(cfg.seed)
     net, cfg, start = start_net(inc, cfg)
+    # the incumbent's weights when they are the ones loaded (its model.pt), kept before the fit moves them
+    incumbent_net = copy.deepcopy(net) if inc.is_model and start != SCRATCH else None
     log = MetricsLog(Path(runs_dir) / cfg.name / "metrics.csv")
     try:
         sim = [s for episode, _ in run_tasks(expert_tasks(cfg, rng), cfg.workers) for s in episode]
@@ -195,7 +197,8 @@ def run_finetune(config_path: str | Path, inc: Incumbent, experience_path: str |
     finally:
         log.close()
     net.eval()
-    actors: dict[str, Actor] = {"candidate": lambda: {"scorer": torch_scorer(net)}, "incumbent": incumbent_actor(inc)}
+    actors: dict[str, Actor] = {"candidate": lambda: {"scorer": torch_scorer(net)},
+                                "incumbent": incumbent_actor(inc, incumbent_net)}
     actors.update({b: (lambda b=b: {"expert": expert_policy(b, 0)}) for b in BASELINES})
     metrics = evaluate_policies(actors, cfg)
     verdict = promotion_gate(metrics["candidate"], metrics["incumbent"], rule)
@@ -214,7 +217,3 @@ def run_finetune(config_path: str | Path, inc: Incumbent, experience_path: str |
         result.update(model_dir=str(out_dir), version=manifest["version"])
     result["seconds"] = round(time.monotonic() - t0, 1)
     return result
-
-
-def write_result(path: str | Path, body: dict) -> None:
-    Path(path).write_text(json.dumps(body, indent=2, default=str) + "\n")
