@@ -8,7 +8,10 @@ with no such entry the target is the baseline.
 Promotions (reason ``promoted: ...``, written when a published model supersedes the active model)
 also move the gate's experts: ``follow`` points the experts that named the superseded model at the
 new one, and a rollback of a promoted model points them back, so replaying the history after a
-restart gives the same experts.
+restart gives the same experts. A rollback truncates the history, promotions included, so its
+history entry (not the published selection) carries ``superseded``, the promotion chain in effect
+before it (new model -> the model it superseded); replay moves experts forward along that chain
+before applying the rollback.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ KEY_POLICY_HISTORY = "policy_history"
 MAX_HISTORY = 50
 MODEL_PREFIX = "model:"
 PROMOTED = "promoted:"  # the reason prefix of a promotion
+SUPERSEDED = "superseded"  # a rollback's history entry: the promotion chain before it
 
 Entry = Mapping[str, Any]
 
@@ -73,7 +77,16 @@ def rollback(history: Sequence[Entry], baseline: str, reason: str, now: float,
     sel = {"policy": target["policy"], "model_version": target.get("model_version", ""),
            "mode": target.get("mode", default_mode) or default_mode, "reason": reason, "time": now,
            "previous": current.get("policy", "")}
-    return sel, kept + [sel]
+    chain = promotion_chain(history)
+    return sel, kept + [{**sel, SUPERSEDED: chain} if chain else sel]
+
+
+def promotion_chain(history: Sequence[Entry]) -> dict[str, str]:
+    """new model -> the model it superseded, for the promotions in effect after ``history``."""
+    superseded: dict[str, str] = {}
+    for entry in history:
+        _, superseded = follow({}, superseded, entry)
+    return superseded
 
 
 def is_model(policy: str) -> bool:
@@ -88,6 +101,16 @@ def follow(experts: Mapping[str, str], superseded: Mapping[str, str], entry: Map
     experts, superseded = dict(experts), dict(superseded)
     policy, previous = str(entry.get("policy", "")), str(entry.get("previous", ""))
     reason = str(entry.get("reason", ""))
+    chain = entry.get(SUPERSEDED)
+    if isinstance(chain, dict):  # a rollback's entry: the promotions it truncated, replayed forward
+        superseded.update({str(k): str(v) for k, v in chain.items()})
+        newer = {old: new for new, old in superseded.items()}
+        for r, p in experts.items():
+            seen = {p}
+            while p in newer and newer[p] not in seen:
+                p = newer[p]
+                seen.add(p)
+            experts[r] = p
     if reason.startswith(PROMOTED) and is_model(previous) and previous != policy:
         superseded[policy] = previous
         return {r: policy if p == previous else p for r, p in experts.items()}, superseded

@@ -215,3 +215,21 @@ def test_promotion_waits_for_the_end_of_an_exploration():
     assert end.kind == "explore_end" and end.selection["policy"] == "model:default"
     [sw] = c.tick(10.5, u=0.99)
     assert sw.kind == "promote" and sw.selection["previous"] == "model:default"
+
+
+def test_restart_after_two_promotions_and_a_rollback_keeps_the_rolled_back_to_expert():
+    # promote ft-1, promote ft-2, rollback -> ft-1: the rollback truncates both promotion entries,
+    # so its history entry carries the chain and a restart's replay gives the same experts
+    c = model_controller()
+    for k, version in enumerate(("ft-1", "ft-2")):
+        c.on_published(version, "", 1.0 + k)
+        c.tick(1.0 + k)
+    for k in range(5):
+        c.on_reward(0.05, 3.0 + k)
+    [rb] = c.tick(9.0)
+    assert (rb.kind, rb.selection["policy"], rb.selection["previous"]) == ("rollback", "model:ft-1", "model:ft-2")
+    assert "superseded" not in rb.selection  # the published selection keeps its schema
+    assert c.library.experts["low_load"] == "model:ft-1"
+    again = model_controller(active=c.active, history=c.history)
+    assert again.library.experts == c.library.experts
+    assert again.library.experts["batch"] == "model:ft-1" and again.library.experts["affinity"] == "kube-default"

@@ -31,3 +31,25 @@ def test_rollback_after_a_promotion_goes_back_to_the_previous_model():
     sel, new = hist.rollback(h, "kube-resources", "rollback: reward", 9.0)
     assert (sel["policy"], sel["previous"]) == ("model:default", "model:v2")
     assert [e["policy"] for e in new] == ["kube-resources", "model:default"]
+
+
+def test_consecutive_rollbacks_replay_to_the_same_experts_as_live():
+    h = [entry("model:default", "initial"),
+         entry("model:v2", "promoted: model v2", "model:default"),
+         entry("model:v3", "promoted: model v3", "model:v2")]
+
+    def replay(history):
+        experts, sup = dict(EXPERTS), {}
+        for e in history:
+            experts, sup = hist.follow(experts, sup, e)
+        return experts
+
+    live, live_sup = dict(EXPERTS), {}
+    for e in h:
+        live, live_sup = hist.follow(live, live_sup, e)
+    assert live["low_load"] == "model:v3"
+    for want in ("model:v2", "model:default"):
+        sel, h = hist.rollback(h, "kube-resources", "rollback: reward", 9.0)
+        live, live_sup = hist.follow(live, live_sup, sel)
+        assert sel["policy"] == want and "superseded" in h[-1] and "superseded" not in sel
+        assert live["low_load"] == want and replay(h) == live, (want, h)
