@@ -7,9 +7,11 @@ runs FGD on the openb default trace (full 1,523-node cluster, ``sim.inflation.ru
 - ``node-order``: the paper's rule (the harness default);
 - ``random``: kube-scheduler's rule (``selectHost``: uniformly among the tied nodes);
 - ``gpu-left``: ties broken by an observable rule, least GPU left after placement as a share of the node's GPUs;
-- ``name-hash``: ties broken by a stable order of node names (CRC-32), the same for every run.
+- ``name-hash``: ties broken by a stable order of node names (CRC-32), the same for every run;
+- ``fgd-pack``: the ``fgd-pack`` policy (``policies/fgdpack.py``, the learned model's imitation teacher):
+  nodes already running pods first, then the name order.
 
-The last two add a secondary key below one score unit, so they only reorder tied nodes.
+The last three add a secondary key below one score unit, so they only reorder tied nodes.
 
     nice .venv/bin/python benchmarks/fgd_tiebreak.py --seeds 42-51 [--variants node-order,gpu-left]
 """
@@ -18,16 +20,17 @@ from __future__ import annotations
 
 import argparse
 import time
-import zlib
 
 import numpy as np
 
 from agmarl_common.cluster.model import GPU_MILLI, ClusterState, Pod
+from agmarl_common.features import node_order_keys
 from agmarl_common.policies.fgd import FgdPolicy
+from agmarl_common.policies.fgdpack import FgdPackPolicy
 from agmarl_common.sim.inflation import run_inflation
 from agmarl_common.sim.traces import ALL_NODES, load_openb_nodes, load_openb_pods, openb_node_path, openb_pod_path
 
-VARIANTS = ("node-order", "random", "gpu-left", "name-hash")
+VARIANTS = ("node-order", "random", "gpu-left", "name-hash", "fgd-pack")
 TIE_SHARE = 0.5 * 0.999  # the secondary key stays inside one score unit
 
 
@@ -48,13 +51,14 @@ class FgdTieBreak(FgdPolicy):
             key = (free - pod.gpu_milli_total) / np.maximum(cap, 1)
         else:  # name-hash
             if self._hash is None or len(self._hash) != state.n_nodes:
-                self._hash = np.array([zlib.crc32(n.name.encode()) / 2**32 for n in state.nodes])
+                self._hash = node_order_keys([n.name for n in state.nodes])
             key = self._hash[idx]
         return base - TIE_SHARE * np.clip(key, 0.0, 1.0)
 
 
 def run(variant: str, seed: int, nodes, pods) -> float:
-    policy = FgdPolicy(0) if variant in ("node-order", "random") else FgdTieBreak(variant)
+    policy = FgdPolicy(0) if variant in ("node-order", "random") else \
+        FgdPackPolicy(0) if variant == "fgd-pack" else FgdTieBreak(variant)
     tie = "random" if variant == "random" else "node-order"
     res = run_inflation(nodes, pods, policy, np.random.default_rng(seed), tie_break=tie)
     return float(res.allocation_curve()[100])

@@ -79,7 +79,7 @@ async def run_up(duration: float | None, summary_path: str | None, view: bool, e
             except asyncio.TimeoutError:
                 pass
         if bus is not None and bus.is_connected:
-            services = await check_health(bus, SERVICES, timeout=1.0)
+            services = await check_health(bus, SERVICES, timeout=3.0)  # busy services (2 cores) answer late
     finally:
         elapsed = time.monotonic() - started
         if bus is not None:

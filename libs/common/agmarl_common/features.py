@@ -5,8 +5,9 @@ pod's candidate nodes (after the hard filter) into the arrays the learned policy
 in docs/model.md):
 
 - ``node_x`` (N, F_NODE): one row per node, a function of that node alone (its capacity, usage, GPU
-  devices, bound pods and its fragmentation against the target workload), so serving caches rows and
-  recomputes only the nodes whose usage changed (``FeatureContext`` does exactly that);
+  devices, bound pods, its fragmentation against the target workload and ``order_key``, a stable
+  hash of its name that gives near-ties one fixed order), so serving caches rows and recomputes only
+  the nodes whose usage changed (``FeatureContext`` does exactly that);
 - ``pod_x`` (P, F_POD): one row per pending pod;
 - ``nn_edge_index`` (2, E_nn): node -> node edges within a rack (+-2 neighbours) and a zone (+-1),
   plus a self loop per node, so the degree is at most 7 whatever the cluster size. Nodes without
@@ -30,6 +31,7 @@ the placement fragmentation they read live in ``agmarl_common.features_pairs`` (
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -45,10 +47,10 @@ NODE_FEATURES = (
     "cpu_free", "mem_free", "gpu_free", "gpu_whole_free", "pods_free", "cpu_util", "mem_util", "gpu_util",
     "has_gpu", "gpu_count", "gpu_partial", "gpu_max_free", "frag", "frag_ratio", "target_access", "empty",
     "schedulable", "gpu_pods",
-) + tuple(f"dev_free_{j}" for j in range(MAX_GPUS))
+) + tuple(f"dev_free_{j}" for j in range(MAX_GPUS)) + ("order_key",)
 POD_FEATURES = ("cpu", "mem", "num_gpu", "gpu_milli", "gpu_total", "is_share", "cpu_only", "is_ls", "has_spec",
                 "shape_prob", "log_cpu")
-F_NODE = len(NODE_FEATURES)  # 26
+F_NODE = len(NODE_FEATURES)  # 27
 F_POD = len(POD_FEATURES)  # 11
 
 RACK_HALF, ZONE_HALF, POD_HALF = 2, 1, 2  # ring neighbours on each side
@@ -256,8 +258,19 @@ def node_feature_rows(state: ClusterState, rows: np.ndarray, access: np.ndarray,
         np.minimum(gpu_pods, 16) / MAX_GPUS,
     ]
     dev = -np.sort(-left, axis=1) / GPU_MILLI  # (r, G) free milli per device, descending
-    x = np.concatenate([np.stack(cols, axis=1), dev], axis=1).astype(np.float32)
+    key = node_order_keys([state.nodes[i].name for i in rows])[:, None]
+    x = np.concatenate([np.stack(cols, axis=1), dev, key], axis=1).astype(np.float32)
     return x, frag
+
+
+def node_order_keys(names: Sequence[str]) -> np.ndarray:
+    """(len(names),) stable pseudo-random key in [0, 1) per node name (CRC-32 / 2**32): a fixed node order.
+
+    Breaking near-ties between equally good nodes by one fixed order packs (a first-fit over that
+    order) where a fresh random pick per pod spreads; the FGD paper's simulator gets its published
+    figures from such an order. The key is a function of the name alone: the same on every
+    scheduler replica, across restarts and in training."""
+    return np.fromiter((zlib.crc32(n.encode("utf-8")) for n in names), np.float64, len(names)) / 2.0**32
 
 
 # ---------------------------------------------------------------------------------------------

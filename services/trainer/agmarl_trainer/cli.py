@@ -2,6 +2,7 @@
 
     agmarl train [--config configs/train/default.yaml] [--out models/<name>] [--evaluate quick|full]
                  [--eval-seeds 42-51] [--eval-workloads default,cpu100] [--distributed]
+    agmarl train --evaluate-only --out models/default [--eval-seeds ...]   # evaluate an existing model folder
 
 Writes runs/<name>/ (metrics.csv, checkpoints, history.json) and the model folder: encoder.onnx,
 actor.onnx, model.pt, manifest.json (version, sha256 of each file, training config, evaluation,
@@ -161,13 +162,61 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-extra-seeds", default="42-44", help="... evaluated on these seeds")
     p.add_argument("--eval-workers", type=int, default=2)
     p.add_argument("--distributed", action="store_true", help="join a torchrun process group (gloo)")
+    p.add_argument("--evaluate-only", action="store_true",
+                   help="no training: the full evaluation of the model folder --out, its report and manifest rewritten")
     return p
+
+
+def full_evaluation(evaluation: dict, out: Path, args: argparse.Namespace, train_workloads: Sequence[str]) -> None:
+    """Add the full evaluation of the model folder ``out`` to ``evaluation``: openb inflation on the full
+    cluster (``--eval-workloads`` x ``--eval-seeds``, and ``--eval-extra-workloads``), the dynamic simulator."""
+    from agmarl_trainer.evaluate import evaluate_dynamic, evaluate_openb
+
+    seeds = parse_seeds(args.eval_seeds)
+    workloads = [w for w in args.eval_workloads.split(",") if w]
+    t0 = time.monotonic()
+    evaluation["openb_full_cluster"] = {
+        "metric": "GPU allocation % of capacity at 100 % arrived (inflation, tune 1.3)",
+        "seeds": seeds, "results": evaluate_openb(out, workloads, seeds, workers=args.eval_workers),
+        "seconds": round(time.monotonic() - t0, 1)}
+    evaluation["dynamic_synthetic"] = {
+        "harness": "sim.dynamic.run, 40-node synthetic cluster, 1800 s, seeds 0-1", "results":
+        evaluate_dynamic(out, ("diurnal", "batch_online_mix"), (0, 1), workers=args.eval_workers)}
+    extra = [w for w in args.eval_extra_workloads.split(",") if w]
+    if extra:
+        extra_seeds = parse_seeds(args.eval_extra_seeds)
+        evaluation["openb_full_cluster_other_workloads"] = {
+            "seeds": extra_seeds, "trained_on": list(train_workloads),
+            "results": evaluate_openb(out, extra, extra_seeds, workers=args.eval_workers)}
+
+
+def evaluate_only(out: Path, args: argparse.Namespace) -> int:
+    """``--evaluate-only``: the full evaluation of an existing model folder, its report and manifest rewritten
+    (the training record kept); the files the manifest lists must match their digests first."""
+    from agmarl_trainer.export import sha256_file, write_manifest
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    bad = [name for name, digest in manifest.get("files", {}).items()
+           if name != "report.md" and sha256_file(out / name) != digest]
+    if bad:
+        print(f"agmarl train: {out}: digest mismatch for {', '.join(bad)}", file=sys.stderr)
+        return 1
+    training = manifest.get("training", {})
+    evaluation = manifest.setdefault("evaluation", {})
+    full_evaluation(evaluation, out, args, training.get("config", {}).get("train_workloads", ()))
+    write_report(out / "report.md", manifest, training.get("history", {}))
+    write_manifest(out, manifest)
+    print(json.dumps({"model_dir": str(out), "version": manifest.get("version"), "evaluation": evaluation},
+                     default=str))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     cfg = load_config(args.config)
     out = Path(args.out or f"models/{cfg.name}")
+    if args.evaluate_only:
+        return evaluate_only(out, args)
     run_dir = Path(args.runs_dir) / cfg.name
     from agmarl_trainer import distributed
     from agmarl_trainer.export import export_onnx, write_manifest
@@ -194,24 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                               evaluation, parity)
     write_manifest(out, manifest)  # complete but for the full evaluation, which reads it
     if args.evaluate == "full":
-        from agmarl_trainer.evaluate import evaluate_dynamic, evaluate_openb
-
-        seeds = parse_seeds(args.eval_seeds)
-        workloads = [w for w in args.eval_workloads.split(",") if w]
-        t0 = time.monotonic()
-        evaluation["openb_full_cluster"] = {
-            "metric": "GPU allocation % of capacity at 100 % arrived (inflation, tune 1.3)",
-            "seeds": seeds, "results": evaluate_openb(out, workloads, seeds, workers=args.eval_workers),
-            "seconds": round(time.monotonic() - t0, 1)}
-        evaluation["dynamic_synthetic"] = {
-            "harness": "sim.dynamic.run, 40-node synthetic cluster, 1800 s, seeds 0-1", "results":
-            evaluate_dynamic(out, ("diurnal", "batch_online_mix"), (0, 1), workers=args.eval_workers)}
-        extra = [w for w in args.eval_extra_workloads.split(",") if w]
-        if extra:
-            extra_seeds = parse_seeds(args.eval_extra_seeds)
-            evaluation["openb_full_cluster_other_workloads"] = {
-                "seeds": extra_seeds, "trained_on": list(cfg.train_workloads),
-                "results": evaluate_openb(out, extra, extra_seeds, workers=args.eval_workers)}
+        full_evaluation(evaluation, out, args, cfg.train_workloads)
     write_report(out / "report.md", manifest, result.history)
     write_manifest(out, manifest)
     print(json.dumps({"model_dir": str(out), "version": manifest["version"], "evaluation": evaluation}, default=str))

@@ -75,3 +75,17 @@ def test_full_protocol_evaluation_runs_the_exported_model_and_baselines(trained)
     assert set(per) == {"model", "fgd", "gap_to_fgd"}
     assert 50.0 < per["model"]["seeds"][42] <= 100.0 and 50.0 < per["fgd"]["mean"] <= 100.0
     assert per["gap_to_fgd"] == round(per["model"]["mean"] - per["fgd"]["mean"], 3)
+
+
+def test_evaluate_only_refuses_a_model_folder_whose_files_do_not_match_the_manifest(trained, tmp_path, capsys):
+    import shutil
+
+    _, out, _ = trained
+    copy = tmp_path / "model"
+    shutil.copytree(out, copy)
+    before = (copy / "manifest.json").read_text()
+    with open(copy / "actor.onnx", "ab") as f:
+        f.write(b"\0")
+    rc = main(["--config", str(ROOT / "configs/train/smoke.yaml"), "--out", str(copy), "--evaluate-only"])
+    assert rc == 1 and "digest mismatch for actor.onnx" in capsys.readouterr().err
+    assert (copy / "manifest.json").read_text() == before  # nothing rewritten
