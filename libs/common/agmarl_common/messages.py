@@ -177,6 +177,16 @@ class ModelPublished(Message):
     time: float
 
 
+class SelectionRefused(Message):
+    """Inference could not load the model the newest selection names (``reason``: not_found, digest, missing,
+    invalid, fetch, load); it keeps serving the previous policy and the adaptive-engine rolls back."""
+    KIND: ClassVar[str] = "selection_refused"
+    policy: str
+    reason: str
+    detail: str = ""
+    time: float
+
+
 class DeadLetter(Message):
     KIND: ClassVar[str] = "dead_letter"
     service: str
@@ -199,7 +209,7 @@ class HealthStatus(Message):
 
 MESSAGES: dict[str, type[Message]] = {cls.KIND: cls for cls in (
     PendingPod, ClusterSnapshot, ClusterEvent, GraphRequest, Decision, Reward, Experience,
-    PolicySelection, TrainRequest, TrainStatus, ModelPublished, DeadLetter, HealthStatus)}
+    PolicySelection, TrainRequest, TrainStatus, ModelPublished, DeadLetter, HealthStatus, SelectionRefused)}
 
 
 def _to_plain(obj: Any) -> Any:

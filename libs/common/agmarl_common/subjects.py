@@ -56,6 +56,11 @@ def policy_selection() -> str:
     return f"{PREFIX}.policy_selection"
 
 
+def selection_refused() -> str:
+    """Inference could not load the model the active selection names (the adaptive-engine rolls back)."""
+    return f"{PREFIX}.selection_refused"
+
+
 def train_request() -> str:
     return f"{PREFIX}.train_request"
 
@@ -159,6 +164,9 @@ CATALOGUE: list[CatalogueEntry] = [
                    EXPERIENCE.name, "Transition (state, action, reward, next state) for training"),
     CatalogueEntry(f"{PREFIX}.policy_selection", "policy_selection", "adaptive-engine", ("inference",),
                    None, "Active policy change (also written to KV agmarl_config/active_policy)"),
+    CatalogueEntry(f"{PREFIX}.selection_refused", "selection_refused", "inference", ("adaptive-engine",),
+                   None, "The newest selection's model could not be loaded (not found, digest, load): inference "
+                   "keeps the previous policy, the adaptive-engine rolls the selection back"),
     CatalogueEntry(f"{PREFIX}.train_request", "train_request", "adaptive-engine,cli", ("trainer",), None,
                    "Retrain request with drift evidence"),
     CatalogueEntry(f"{PREFIX}.train_status", "train_status", "trainer", ("cli",), None,

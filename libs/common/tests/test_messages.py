@@ -8,7 +8,7 @@ import pytest
 from agmarl_common.messages import (
     DEAD_LETTER_PAYLOAD_BYTES, MAX_MESSAGE_BYTES, MESSAGES, ClusterEvent, ClusterSnapshot, DeadLetter, Decision,
     DecodeError, Experience, GraphRequest, HealthStatus, ModelPublished, PendingPod, PolicySelection, Reward,
-    TrainRequest, TrainStatus, dead_letter, decode, encode)
+    SelectionRefused, TrainRequest, TrainStatus, dead_letter, decode, encode)
 
 POD = {"name": "p0", "namespace": "team-a", "cpu_milli": 500, "memory_mib": 256, "gpu_count": 1}
 STATE = {"nodes": [{"name": "n0", "cpu_milli": 4000}], "bound": [[]]}
@@ -36,6 +36,7 @@ SAMPLES = [
     DeadLetter(service="inference", subject="agmarl.v1.graph.sim", reason="bad", kind="schema",
                payload_b64="", size=0, time=17.0),
     HealthStatus(service="inference", status="healthy", pid=42, metrics_port=9100, details={"up": 1}),
+    SelectionRefused(policy="model:m5", reason="digest", detail="actor.onnx: sha256 mismatch", time=18.0),
 ]
 
 

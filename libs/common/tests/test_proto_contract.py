@@ -51,6 +51,7 @@ def _matches(pattern: str, subject: str) -> bool:
     (subjects.train_request(), "train_request"), (subjects.train_status(), "train_status"),
     (subjects.model_published(), "model_published"), (subjects.dead_letter("s"), "dead_letter"),
     (subjects.health("s"), "health"), (subjects.health_all(), "health"),
+    (subjects.selection_refused(), "selection_refused"),
 ])
 def test_every_subject_function_is_in_the_catalogue(subject, kind):
     hits = [e for e in subjects.CATALOGUE if _matches(e.pattern, subject)]

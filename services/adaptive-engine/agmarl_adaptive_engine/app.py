@@ -16,6 +16,11 @@ active selection is a model, not held, ``auto_promote`` on): reason ``promoted: 
 published by the trainer (<the gate's reason>)``. The inference service only caches published
 versions; it serves what the selection names. Model names (``model:<version>``) count as known when
 they are on disk or in the Object Store bucket ``agmarl_models``.
+
+When inference cannot load the model the active selection names (not found, a digest mismatch, ONNX
+Runtime refuses it), its ``selection_refused`` event rolls the selection back at once, as the guard does:
+reason ``rollback: inference refused <policy>: <why>``, the refused policy quarantined. Switches are
+computed and applied under one lock, so KV and the PolicySelection events keep the controller's order.
 """
 
 from __future__ import annotations
@@ -104,6 +109,7 @@ class AdaptiveApp:
         self.seen: OrderedDict[str, None] = OrderedDict()
         self.last_snapshot: tuple[float, dict] | None = None
         self.stored: set[str] = set()  # model versions found in the Object Store (verified when published)
+        self.lock = asyncio.Lock()  # one writer of the selection at a time: the tick loop or an event handler
         reg = rt.registry
         self.drift_alerts = Counter("agmarl_drift_alerts_total", "Drift alarms", ["detector"], registry=reg)
         self.switches = Counter("agmarl_policy_switches_total", "Active-policy changes", ["kind"], registry=reg)
@@ -234,6 +240,20 @@ class AdaptiveApp:
         self.rt.log.info("model %s published: %s", msg.version, f"left alone: {blocker}" if blocker
                          else "promoted at the next tick")
 
+    async def on_refused(self, msg: m.SelectionRefused, ctx: HandlerContext) -> None:
+        """Inference could not load the model a selection names: roll back when it is the active one."""
+        if self.controller is None:
+            return
+        why = f"{msg.reason}: {msg.detail}" if msg.detail else msg.reason
+        async with self.lock:
+            now = time.time()
+            await self.sync(now)  # a CLI selection the loop has not adopted yet may be the refused one
+            sw = self.controller.on_refused(msg.policy, why, now)
+            if sw is None:
+                self.rt.log.info("inference refused %s (%s): not the active selection, ignored", msg.policy, why)
+                return
+            await self.apply(sw)
+
     async def on_alarms(self, alarms: list[DriftAlarm]) -> None:
         for a in alarms:
             self.drift_alerts.labels(detector=a.detector).inc()
@@ -262,9 +282,10 @@ class AdaptiveApp:
             await asyncio.sleep(self.settings.tick_seconds)
             now = time.time()
             try:
-                await self.sync(now)
-                for sw in self.controller.tick(now, self.rng.random(), self.rng.random()):
-                    await self.apply(sw)
+                async with self.lock:
+                    await self.sync(now)
+                    for sw in self.controller.tick(now, self.rng.random(), self.rng.random()):
+                        await self.apply(sw)
             except Exception:  # noqa: BLE001 - one failed tick (e.g. NATS reconnecting) must not stop the loop
                 self.rt.log.exception("adaptive tick failed")
 
@@ -276,6 +297,7 @@ async def main() -> int:
     rt.handle(subjects.reward(settings.cluster), m.Reward)(app.on_reward)
     rt.handle(subjects.snapshot(settings.cluster), m.ClusterSnapshot)(app.on_snapshot)
     rt.handle(subjects.model_published(), m.ModelPublished)(app.on_published)
+    rt.handle(subjects.selection_refused(), m.SelectionRefused)(app.on_refused)
     await rt.start()
     await app.start()
     rt.spawn(app.loop(), "adaptive-loop")

@@ -105,3 +105,66 @@ async def test_reward_collapse_rolls_back_and_cli_round_trip(nats_url, service_p
 
 async def _has_event(events: list[m.PolicySelection], policy: str, reason: str) -> bool:
     return any(e.policy == policy and e.reason.startswith(reason) for e in events)
+
+
+async def test_model_inference_refuses_is_rolled_back(nats_url, service_processes):
+    """A selection naming a version the Object Store does not hold: inference refuses it and says so
+    (SelectionRefused), the engine rolls the active selection back within seconds, with the reason."""
+    missing = f"model:missing-{time.time_ns()}"
+    bus = await Bus.connect(nats_url, name="test-refused")
+    try:
+        start = m.PolicySelection(policy="kube-resources", reason="test start", time=time.time())
+        await bus.kv_put(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY, m.encode(start))
+        await bus.kv_put(subjects.CONFIG_BUCKET, hist.KEY_POLICY_HISTORY,
+                         hist.encode_history([start.model_dump(exclude={"v"})]))
+        refused: list[m.SelectionRefused] = []
+        events: list[m.PolicySelection] = []
+
+        async def on_refused(msg):
+            refused.append(m.decode(m.SelectionRefused, msg.data))
+
+        async def on_event(msg):
+            events.append(m.decode(m.PolicySelection, msg.data))
+
+        await bus.subscribe(subjects.selection_refused(), on_refused)
+        await bus.subscribe(subjects.policy_selection(), on_event)
+        await bus.flush()
+        engine = service_processes("agmarl_adaptive_engine", env={
+            "NATS_URL": nats_url, "AGMARL_CLUSTER": CLUSTER, "AGMARL_TICK_SECONDS": "0.1"})
+        inference = service_processes("agmarl_inference", env={
+            "NATS_URL": nats_url, "AGMARL_CLUSTER": CLUSTER, "AGMARL_HTTP_PORT": "0"})
+        await wait_healthy(bus, "adaptive-engine", timeout=30, proc=engine)
+        await wait_healthy(bus, "inference", timeout=60, proc=inference)
+
+        # what `agmarl policy set` does: KV selection + history, then the PolicySelection event
+        manual = m.PolicySelection(policy=missing, reason="manual: try a model", time=time.time(),
+                                   previous="kube-resources")
+        await bus.kv_put(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY, m.encode(manual))
+        await bus.kv_put(subjects.CONFIG_BUCKET, hist.KEY_POLICY_HISTORY, hist.encode_history(
+            [start.model_dump(exclude={"v"}), manual.model_dump(exclude={"v"})]))
+        t0 = time.monotonic()
+        await bus.publish(subjects.policy_selection(), manual)
+        await bus.flush()
+
+        async def rolled_back():
+            sel = await kv_selection(bus)
+            return sel.reason.startswith("rollback: inference refused")
+        assert await wait_until(rolled_back, 8.0), engine.output()[-2000:] + inference.output()[-2000:]
+        assert time.monotonic() - t0 < 8.0
+        assert [(r.policy, r.reason) for r in refused] == [(missing, "not_found")]
+        sel = await kv_selection(bus)
+        assert (sel.policy, sel.previous) == ("kube-resources", missing)
+        assert sel.reason.startswith(f"rollback: inference refused {missing}: not_found")
+        history = hist.decode_history(await bus.kv_get(subjects.CONFIG_BUCKET, hist.KEY_POLICY_HISTORY))
+        assert [e["policy"] for e in history] == ["kube-resources"] and history[-1]["reason"] == sel.reason
+        assert await wait_until(lambda: _has_event(events, "kube-resources", "rollback: inference refused"), 2.0)
+
+        async def serving_baseline():
+            h = await bus.request(subjects.health("inference"), b"", m.HealthStatus, timeout=1.0)
+            return h.details.get("policy") == "kube-resources" and not h.details.get("model_version")
+        assert await wait_until(serving_baseline, 3.0)
+        # the refused model is quarantined: the engine keeps the rollback (one event, one rollback)
+        await asyncio.sleep(0.5)
+        assert len(refused) == 1 and (await kv_selection(bus)).reason == sel.reason
+    finally:
+        await bus.close()

@@ -20,7 +20,10 @@ fetch, load).
 Which policy serves: the selection, and only the selection (every switch is a PolicySelection event
 with its reason; the adaptive-engine turns a published model into one when its promotion rule
 allows). A selection applies when its model is loaded, unless a newer selection has been applied
-meanwhile. With no selection at all, ``models/default`` serves from the start.
+meanwhile. With no selection at all, ``models/default`` serves from the start. When the newest selection's
+model is refused, a ``SelectionRefused`` event (subject ``selection_refused``: the policy, the refusal
+reason and its detail) tells the adaptive-engine, which rolls the selection back; a refused selection that
+a newer one has overtaken is only logged.
 """
 
 from __future__ import annotations
@@ -33,11 +36,12 @@ from typing import Callable, Mapping
 from prometheus_client import Counter, Gauge
 
 from agmarl_common import messages as m
-from agmarl_common import modelstore
+from agmarl_common import modelstore, subjects
 from agmarl_common.policies.onnx_model import MODEL_PREFIX, OnnxModelPolicy
 from agmarl_common.service import ServiceRuntime
 
 KEEP_VERSIONS = 3  # loaded models kept in memory (the active one, the previous ones for rollbacks)
+MAX_DETAIL = 500  # characters of a refusal's detail sent in SelectionRefused
 
 Apply = Callable[[object, str, m.PolicySelection], None]  # (policy, model version, selection)
 
@@ -62,12 +66,16 @@ class ModelRegistry:
         self.info = Gauge("agmarl_model_loaded_info", "Newest loaded model version (value 1)", ["version"],
                           registry=rt.registry)
         self.last_error = ""
+        self.last_reason, self.last_detail = "", ""
+        self._failed = 0  # refusals so far (a selection tells its own from earlier ones)
 
     # --- loading -----------------------------------------------------------------------------------
 
     def _fail(self, reason: str, err: BaseException | str) -> None:
         self.failures.labels(reason=reason).inc()
         self.last_error = f"{reason}: {err}"
+        self.last_reason, self.last_detail = reason, str(err)
+        self._failed += 1
         self.rt.log.warning("model refused (%s): %s", reason, err)
 
     def _keep(self, policy: OnnxModelPolicy, source: str) -> OnnxModelPolicy:
@@ -162,11 +170,24 @@ class ModelRegistry:
         return True
 
     async def _select(self, sel: m.PolicySelection, gen: int) -> None:
-        policy = await self.resolve(sel.policy[len(MODEL_PREFIX):])
+        failed = self._failed
+        ref = sel.policy[len(MODEL_PREFIX):]
+        policy = await self.resolve(ref)
         if policy is None:
             self.rt.log.warning("selection %s: no such model could be loaded; keeping the current policy", sel.policy)
+            if gen == self._gen:  # still the newest selection: the adaptive-engine rolls it back
+                reason, detail = (self.last_reason, self.last_detail) if self._failed > failed \
+                    else ("not_found", f"no model {ref or 'latest'} to load")
+                await self._refuse(sel.policy, reason, detail)
             return
         self._install(policy, sel, gen)
+
+    async def _refuse(self, policy: str, reason: str, detail: str) -> None:
+        try:
+            await self.rt.publish(subjects.selection_refused(), m.SelectionRefused(
+                policy=policy, reason=reason, detail=detail[:MAX_DETAIL], time=time.time()))
+        except Exception as err:  # noqa: BLE001 - NATS down: the refusal stays in the log and the metrics
+            self.rt.log.warning("selection %s refused, but the event could not be sent: %s", policy, err)
 
     def _install(self, policy: OnnxModelPolicy, sel: m.PolicySelection, gen: int) -> None:
         if gen <= self._applied:

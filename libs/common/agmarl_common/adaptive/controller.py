@@ -142,6 +142,14 @@ class AdaptiveController:
             return "unknown model"
         return ""
 
+    def on_refused(self, policy: str, why: str, now: float) -> Switch | None:
+        """Inference could not load ``policy`` (the model a selection names; ``why``: its refusal reason).
+        The active selection: rolled back like a guard verdict, the refused policy quarantined; any other
+        name (a stale event, the selection has moved on): None."""
+        if policy != self.active.get("policy"):
+            return None
+        return self._rollback(f"inference refused {policy}: {why}", {"refused": policy, "why": why}, now)
+
     def on_reward(self, total: float, now: float) -> list[DriftAlarm]:
         self.rewards.append(float(total))
         del self.rewards[:-self.cfg.guard.window * 4]

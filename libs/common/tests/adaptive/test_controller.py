@@ -233,3 +233,35 @@ def test_restart_after_two_promotions_and_a_rollback_keeps_the_rolled_back_to_ex
     again = model_controller(active=c.active, history=c.history)
     assert again.library.experts == c.library.experts
     assert again.library.experts["batch"] == "model:ft-1" and again.library.experts["affinity"] == "kube-default"
+
+
+# --- inference refused the selected model ---------------------------------------------------------------
+
+def test_refused_active_model_rolls_back_and_is_quarantined():
+    c = model_controller()
+    c.on_published("ft-1", "", 1.0)
+    [promoted] = c.tick(1.0)
+    assert promoted.selection["policy"] == "model:ft-1"
+    assert c.on_refused("model:gone", "not_found: no such version", 2.0) is None  # not the active one: stale
+    assert c.active["policy"] == "model:ft-1"
+    sw = c.on_refused("model:ft-1", "digest: actor.onnx sha256 mismatch", 3.0)
+    assert sw is not None and sw.kind == "rollback"
+    assert (sw.selection["policy"], sw.selection["previous"]) == ("model:default", "model:ft-1")
+    assert sw.selection["reason"] == "rollback: inference refused model:ft-1: digest: actor.onnx sha256 mismatch"
+    assert sw.evidence["rolled_back"] == "model:ft-1"
+    assert c.active == sw.selection and [e["policy"] for e in c.history] == ["model:default"]
+    assert c.library.experts["low_load"] == "model:default"  # the promotion's experts given back
+    # quarantined: published again after the hold, it is not promoted; a repeated refusal changes nothing
+    assert c.on_published("ft-1", "", 200.0) == "quarantined after a rollback"
+    assert c.tick(200.0) == [] and c.active["policy"] == "model:default"
+    assert c.on_refused("model:ft-1", "digest", 5.0) is None and c.active["policy"] == "model:default"
+
+
+def test_refused_manual_selection_goes_back_to_the_previous_baseline():
+    c = controller()
+    manual = dict(BASE, policy="model:nope", reason="manual: try nope", previous="kube-resources", time=10.0)
+    c.adopt(manual, [BASE, manual], now=10.0)
+    sw = c.on_refused("model:nope", "not_found", 11.0)
+    assert (sw.selection["policy"], sw.selection["mode"]) == ("kube-resources", "full")
+    assert sw.selection["reason"].startswith("rollback: inference refused model:nope")
+    assert c.quarantine["model:nope"] == 11.0 + 1000.0
