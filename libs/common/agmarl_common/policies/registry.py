@@ -26,7 +26,8 @@ from agmarl_common.policies.loadaware import (
 PolicyFactory = Callable[[int], Policy]
 
 # modules that call register_policy on import; imported lazily, skipped when absent
-EXTENSION_MODULES: list[str] = ["agmarl_common.policies.fgd"]
+EXTENSION_MODULES: list[str] = ["agmarl_common.policies.fgd", "agmarl_common.policies.fgdpack",
+                                 "agmarl_common.policies.headroom", "agmarl_common.policies.gpupack"]
 
 _REGISTRY: dict[str, PolicyFactory] = {}
 _loaded = False
