@@ -1,4 +1,4 @@
-"""The GPU batch phase of benchmarks/regime_shift.py (``--batch-kind gpu``): shapes, rate, workload."""
+"""The GPU batch phase of the regime-shift scenario (benchmarks/regime_scenario.py, ``--batch-kind gpu``): shapes, rate, workload."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from agmarl_common.cluster.node_checks import fits_resources
 from agmarl_common.sim import synthetic
 from agmarl_common.sim.traces import openb_pod_path
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "regime_shift.py"
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "regime_scenario.py"
 
 
 @pytest.fixture(scope="module")
 def rs():
-    spec = importlib.util.spec_from_file_location("regime_shift_bench", _PATH)
+    spec = importlib.util.spec_from_file_location("regime_scenario_bench", _PATH)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
