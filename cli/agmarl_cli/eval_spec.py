@@ -12,10 +12,10 @@ from pathlib import Path
 
 from agmarl_common.cluster.model import Node, Pod
 from agmarl_common.policies.base import Policy
+from agmarl_common.policies.registry import MODEL_PREFIX  # noqa: F401  (re-exported by agmarl_cli.evaluate)
 from agmarl_common.sim import synthetic, traces
 
 PROTOCOLS = ("inflation", "dynamic")
-MODEL_PREFIX = "model:"
 MAX_SEEDS = 1000
 INFLATION_CURVES = ("allocation", "frag", "frag_ratio")
 DYNAMIC_SERIES = ("util_cpu", "util_mem", "util_gpu", "pending", "reward")
@@ -70,13 +70,13 @@ def known_policy_names() -> list[str]:
 def resolve_policy(name: str, seed: int) -> Policy:
     """A fresh policy: the registry first (``model:*`` included when a helper registered it)."""
     from agmarl_common.policies.fgd import FGD_PAPER_POLICIES  # noqa: PLC0415
-    from agmarl_common.policies.registry import get_policy  # noqa: PLC0415
+    from agmarl_common.policies.registry import get_policy, is_model  # noqa: PLC0415
     try:
         return get_policy(name, seed)
     except KeyError:
         if name in FGD_PAPER_POLICIES:
             return FGD_PAPER_POLICIES[name](seed)
-    what = "unknown model policy" if name.startswith(MODEL_PREFIX) else "unknown policy"
+    what = "unknown model policy" if is_model(name) else "unknown policy"
     raise EvalError(f"{what} {name!r}; known: {', '.join(known_policy_names())}")
 
 

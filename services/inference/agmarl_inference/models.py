@@ -37,17 +37,14 @@ from prometheus_client import Counter, Gauge
 
 from agmarl_common import messages as m
 from agmarl_common import modelstore, subjects
-from agmarl_common.policies.onnx_model import MODEL_PREFIX, OnnxModelPolicy
+from agmarl_common.policies.onnx_model import OnnxModelPolicy
+from agmarl_common.policies.registry import MODEL_PREFIX, is_model
 from agmarl_common.service import ServiceRuntime
 
 KEEP_VERSIONS = 3  # loaded models kept in memory (the active one, the previous ones for rollbacks)
 MAX_DETAIL = 500  # characters of a refusal's detail sent in SelectionRefused
 
 Apply = Callable[[object, str, m.PolicySelection], None]  # (policy, model version, selection)
-
-
-def is_model(name: str) -> bool:
-    return name.startswith(MODEL_PREFIX)
 
 
 class ModelRegistry:

@@ -35,7 +35,7 @@ from prometheus_client import Counter
 
 from agmarl_common import messages as m
 from agmarl_common import modelstore, subjects
-from agmarl_common.policies.onnx_model import MODEL_PREFIX
+from agmarl_common.policies.registry import MODEL_PREFIX
 from agmarl_common.service import HandlerContext, ServiceRuntime
 from agmarl_common.settings import load_settings
 from agmarl_trainer.experience import ExperienceBuffer

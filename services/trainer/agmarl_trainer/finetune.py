@@ -28,7 +28,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from agmarl_common.policies.onnx_model import MODEL_PREFIX
+from agmarl_common.policies.registry import MODEL_PREFIX
 from agmarl_common.sim import dynamic, synthetic
 from agmarl_trainer.config import TrainConfig, config_to_dict, load_config
 from agmarl_trainer.experience import experience_samples, read_experience

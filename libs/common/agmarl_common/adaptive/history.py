@@ -19,9 +19,10 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping, Sequence
 
+from agmarl_common.policies.registry import MODEL_PREFIX, is_model  # noqa: F401  (re-exported: hist.MODEL_PREFIX)
+
 KEY_POLICY_HISTORY = "policy_history"
 MAX_HISTORY = 50
-MODEL_PREFIX = "model:"
 PROMOTED = "promoted:"  # the reason prefix of a promotion
 SUPERSEDED = "superseded"  # a rollback's history entry: the promotion chain before it
 
@@ -87,10 +88,6 @@ def promotion_chain(history: Sequence[Entry]) -> dict[str, str]:
     for entry in history:
         _, superseded = follow({}, superseded, entry)
     return superseded
-
-
-def is_model(policy: str) -> bool:
-    return policy.startswith(MODEL_PREFIX)
 
 
 def follow(experts: Mapping[str, str], superseded: Mapping[str, str], entry: Mapping[str, Any]

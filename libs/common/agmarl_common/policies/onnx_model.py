@@ -31,8 +31,8 @@ from agmarl_common.cluster.model import ClusterState, Pod
 from agmarl_common.features import (EDGE_FEATURES, NODE_FEATURES, FeatureContext, HeteroGraph, build_graph, device_for,
                                     identical_pods)
 from agmarl_common.policies.base import PolicyBase
+from agmarl_common.policies.registry import MODEL_PREFIX  # noqa: F401  (re-exported)
 
-MODEL_PREFIX = "model:"
 EXPLAIN_TOP = 8  # candidates kept for feature contributions
 TARGET_GROWTH = (16, 64, 256, 1024)  # seen-pod counts at which an implicit target workload is rebuilt
 RECENT_PODS = 4096

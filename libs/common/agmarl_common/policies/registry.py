@@ -33,7 +33,13 @@ _REGISTRY: dict[str, PolicyFactory] = {}
 _loaded = False
 # name prefixes resolved by a function ``resolve(rest_of_name, seed) -> Policy`` ("module:function",
 # imported on first use): ``model:<default|path|version>`` is the learned policy served by ONNX Runtime
-PREFIX_RESOLVERS: dict[str, str] = {"model:": "agmarl_common.policies.onnx_model:resolve_model_policy"}
+MODEL_PREFIX = "model:"  # a learned model served by ONNX Runtime: ``model:<default|path|version>``
+PREFIX_RESOLVERS: dict[str, str] = {MODEL_PREFIX: "agmarl_common.policies.onnx_model:resolve_model_policy"}
+
+
+def is_model(name: str) -> bool:
+    """True for a ``model:<ref>`` policy name."""
+    return name.startswith(MODEL_PREFIX)
 
 
 def register_policy(name: str, factory: PolicyFactory, *, replace: bool = False) -> None:
