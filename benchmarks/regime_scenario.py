@@ -1,11 +1,11 @@
-"""The regime-shift scenario (``benchmarks/regime_shift.py``): the workload of its four phases and the
-scripted node failure.
+"""The regime-shift scenario (``benchmarks/regime_shift.py``): the workload of its four phases (the
+scripted node failure is the simulator's ``sim.dynamic.fail_nodes``).
 
 1. online-heavy: long-lived LS services (replicas with hostname anti-affinity, declared network / IO
    preferences) and a few batch jobs;
 2. batch-heavy: bursts of short BE batch jobs at a high rate (``--batch-kind gpu``: GPU jobs with shapes
    from the openb trace, scaled to the synthetic GPU nodes);
-3. node loss: the same batch load while 20 % of the nodes are down (``fail_nodes``);
+3. node loss: the same batch load while 20 % of the nodes are down (``sim.dynamic.fail_nodes``, in regime_shift.py);
 4. recovery: a light diurnal mix.
 """
 
@@ -138,20 +138,3 @@ def scenario_workload(nodes, phase_s: float, seed: int, gpu_shapes: Sequence[Gpu
                                      seed=seed + 4, curve=flat, mean_duration_s=300.0), 4, 3 * phase_s)
     return sorted(pods, key=lambda p: (p.creation_time, p.name))
 
-
-def fail_nodes(state: dynamic.SimState, indexes: list[int], until: float,
-               config: dynamic.SimConfig) -> tuple[dynamic.SimState, list[dynamic.SimEvent]]:
-    """Scripted node failure through the simulator's own path (``_Step``): nodes not ready until
-    ``until`` (``advance`` recovers them then), their pods evicted and requeued."""
-    s = dynamic._Step(state, state.time, config)  # noqa: SLF001 - the simulator's failure path
-    for i in indexes:
-        if i in s.down:
-            continue
-        s.down[i] = until
-        s.set_ready(i, False, state.base_nodes[i])
-        s.c["node_failures"] += 1
-        s.events.append(dynamic.SimEvent("node_failed", "", state.base_nodes[i].name, s.t, "scripted"))
-        for pod in s.cluster.bound[i]:
-            s.remove_running(pod.key, "node_failed")
-    return replace(state, cluster=s.cluster, pending=s.pending, running=s.running, down=s.down,
-                   counters=dynamic.SimCounters(**s.c), ends=s.ends), s.events

@@ -53,7 +53,7 @@ from agmarl_common.policies.registry import get_policy
 from agmarl_common.reward import SCHEMES, RewardScheme, outcomes_from_stats, reward_components, scheme_total
 from agmarl_common.reward import cluster_load
 from agmarl_common.sim import dynamic, synthetic
-from regime_scenario import GPU_FRACTION, fail_nodes, openb_gpu_shapes, scenario_workload  # noqa: E402 - a sibling script module
+from regime_scenario import GPU_FRACTION, openb_gpu_shapes, scenario_workload  # noqa: E402 - a sibling script module
 
 PHASES = ("online-heavy", "batch-heavy", "node-loss", "recovery")
 PHASE_REGIME = {"online-heavy": "affinity", "batch-heavy": "batch", "node-loss": "batch", "recovery": "low_load"}
@@ -120,7 +120,7 @@ def run(name: str, nodes, workload, phase_s: float, seed: int, record_s: float, 
         arrivals += [state.pending[e.pod_key].pod for e in events
                      if e.type == "pod_added" and e.pod_key in state.pending]
         if not failed_done and state.time >= 2 * phase_s:
-            state, _ = fail_nodes(state, failing, 3 * phase_s, config)
+            state, _ = dynamic.fail_nodes(state, failing, 3 * phase_s, config)
             failed_done = True
         policy_name = (controller.active["policy"] if controller is not None
                        else schedule[min(max(math.ceil(state.time / phase_s) - 1, 0), len(PHASES) - 1)] if schedule

@@ -152,15 +152,32 @@ def _failures(s: _Step, base: tuple[Node, ...], rng: np.random.Generator, dt: fl
     p = -math.expm1(-s.config.node_failure_rate / 3600.0 * dt)
     u = rng.random(len(base))
     for i in np.nonzero(u < p)[0].tolist():
-        if i in s.down:
-            continue
-        until = s.t + float(rng.exponential(s.config.mean_recovery_s))
-        s.down[i] = until
-        s.set_ready(i, False, base[i])
-        s.c["node_failures"] += 1
-        s.events.append(SimEvent("node_failed", "", base[i].name, s.t, f"down until {until:.1f}s"))
-        for pod in s.cluster.bound[i]:
-            s.remove_running(pod.key, "node_failed")
+        if i not in s.down:
+            until = s.t + float(rng.exponential(s.config.mean_recovery_s))
+            _fail(s, i, until, base[i], f"down until {until:.1f}s")
+
+
+def _fail(s: _Step, i: int, until: float, base: Node, reason: str) -> None:
+    """Node ``i`` not ready until ``until``; its pods evicted and requeued."""
+    s.down[i] = until
+    s.set_ready(i, False, base)
+    s.c["node_failures"] += 1
+    s.events.append(SimEvent("node_failed", "", base.name, s.t, reason))
+    for pod in s.cluster.bound[i]:
+        s.remove_running(pod.key, "node_failed")
+
+
+def fail_nodes(state: SimState, indexes: list[int] | tuple[int, ...], until: float,
+               config: SimConfig = SimConfig()) -> tuple[SimState, list[SimEvent]]:
+    """A scripted failure now (a benchmark's "lose 20 % of the nodes"): nodes ``indexes`` not ready
+    until ``until`` (``advance`` recovers them then), their pods evicted and requeued, as a random
+    failure does; nodes already down are left as they are."""
+    s = _Step(state, state.time, config)
+    for i in indexes:
+        if i not in s.down:
+            _fail(s, i, until, state.base_nodes[i], "scripted")
+    return replace(state, cluster=s.cluster, pending=s.pending, running=s.running, down=s.down,
+                   counters=SimCounters(**s.c), ends=s.ends), s.events
 
 
 def _evictions(s: _Step, rng: np.random.Generator, dt: float) -> None:

@@ -339,3 +339,19 @@ def test_run_counts_refused_binds_of_a_misbehaving_policy():
     r = run(_BadPolicy(), _nodes(1), [_pod("a", 0.0)], SimConfig(horizon_s=5.0))
     assert r.counters.bound == 0 and r.counters.bind_rejected >= 1 and r.hard_violations == 0
     assert r.final_state.cluster.cpu_used.tolist() == [0]
+
+
+def test_scripted_node_failure_takes_the_random_failure_path():
+    s, _ = advance(reset(_nodes(), [_pod("a", 0.0, duration=100.0), _pod("b", 0.0)]), 1.0)
+    s, _ = bind(s, "default/a", "n0")
+    s, _ = bind(s, "default/b", "n1")
+    s, ev = dynamic.fail_nodes(s, [0], until=50.0)
+    assert [(e.type, e.reason) for e in ev if e.type == "node_failed"] == [("node_failed", "scripted")]
+    assert [e.pod_key for e in ev if e.type == "pod_evicted"] == ["default/a"]
+    assert s.down == {0: 50.0} and s.cluster.schedulable.tolist() == [False, True]
+    assert "default/a" in s.pending and set(s.running) == {"default/b"}
+    assert (s.counters.node_failures, s.counters.evicted) == (1, 1)
+    again, ev2 = dynamic.fail_nodes(s, [0], until=99.0)  # already down: left as it is
+    assert again.down == {0: 50.0} and ev2 == []
+    s, ev = advance(s, 60.0, SimConfig(pending_timeout_s=0.0))
+    assert "node_recovered" in [e.type for e in ev] and not s.down and s.cluster.schedulable.tolist() == [True, True]
