@@ -7,7 +7,7 @@ in docs/model.md):
 - ``node_x`` (N, F_NODE): one row per node, a function of that node alone (its capacity, usage, GPU
   devices, bound pods, its fragmentation against the target workload and ``order_key``, a stable
   hash of its name that gives near-ties one fixed order), so serving caches rows and recomputes only
-  the nodes whose usage changed (``FeatureContext`` does exactly that);
+  the nodes whose usage changed (``FeatureContext`` does exactly that; rows: ``features_nodes``);
 - ``pod_x`` (P, F_POD): one row per pending pod;
 - ``nn_edge_index`` (2, E_nn): node -> node edges within a rack (+-2 neighbours) and a zone (+-1),
   plus a self loop per node, so the degree is at most 7 whatever the cluster size. Nodes without
@@ -26,22 +26,24 @@ cluster holds ~100,000 bound pods) and keeps node rows independent of each other
 Pure numpy: no torch. ``FeatureContext`` carries the target workload and memoised per-node results
 (derived data only: outputs depend on the arguments alone). ``build_graph`` computes the pairs of all
 pods at once (``pair_features_batch``; ``pair_features`` is one pod's slice of it). The pair rows and
-the placement fragmentation they read live in ``agmarl_common.features_pairs`` (re-exported here).
+the placement fragmentation they read live in ``agmarl_common.features_pairs``, the node rows in
+``features_nodes``, the edges in ``features_edges`` (all re-exported here).
 """
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
 from agmarl_common.cluster.model import GPU_MILLI, MAX_GPUS, ClusterState, Pod, choose_gpus
+from agmarl_common.features_edges import POD_HALF, RACK_HALF, ZONE_HALF, node_edges, pod_edges  # noqa: F401
+from agmarl_common.features_nodes import node_feature_rows, node_order_keys  # noqa: F401  (re-exported)
 from agmarl_common.features_pairs import (  # noqa: F401  (pair inputs: re-exported, part of this module's API)
     CPU_SCALE, EDGE_FEATURES, F_EDGE, FRAG_SCALE, GPU_SCALE, MEM_SCALE, current_memos, gpu_left, pair_features,
     pair_features_batch, placement_frag, placement_frag_many, shape_jobs)
-from agmarl_common.sim.fragmentation import TargetWorkload, node_frag_amount, pod_shape, target_workload
+from agmarl_common.sim.fragmentation import TargetWorkload, pod_shape, target_workload
 
 NODE_FEATURES = (
     "cpu_free", "mem_free", "gpu_free", "gpu_whole_free", "pods_free", "cpu_util", "mem_util", "gpu_util",
@@ -52,8 +54,6 @@ POD_FEATURES = ("cpu", "mem", "num_gpu", "gpu_milli", "gpu_total", "is_share", "
                 "shape_prob", "log_cpu")
 F_NODE = len(NODE_FEATURES)  # 27
 F_POD = len(POD_FEATURES)  # 11
-
-RACK_HALF, ZONE_HALF, POD_HALF = 2, 1, 2  # ring neighbours on each side
 
 
 @dataclass(frozen=True)
@@ -221,59 +221,6 @@ class FeatureContext:
 
 
 # ---------------------------------------------------------------------------------------------
-# Node rows (each a function of one node)
-
-
-def node_feature_rows(state: ClusterState, rows: np.ndarray, access: np.ndarray,
-                      target: TargetWorkload) -> tuple[np.ndarray, np.ndarray]:
-    """((len(rows), F_NODE) float32 features, (len(rows),) fragmentation amount) of nodes ``rows``."""
-    rows = np.asarray(rows, dtype=np.int64)
-    cpu_cap = state.cpu_cap[rows]
-    cpu_left = cpu_cap - state.cpu_used[rows]
-    mem_cap = state.mem_cap[rows]
-    gcount = state.gpu_count[rows]
-    left = gpu_left(state, rows)  # (r, G)
-    exists = np.arange(MAX_GPUS)[None, :] < gcount[:, None]
-    idle = left.sum(axis=1)
-    frag = node_frag_amount(cpu_left, left, access, target)
-    gpu_pods = np.array([sum(1 for p in state.bound[i] if p.num_gpu > 0) for i in rows], dtype=np.float64)
-    cols = [
-        cpu_left / CPU_SCALE,
-        (mem_cap - state.mem_used[rows]) / MEM_SCALE,
-        idle / GPU_SCALE,
-        ((left >= GPU_MILLI) & exists).sum(axis=1) / MAX_GPUS,
-        np.clip(state.pods_cap[rows] - state.pods_used[rows], 0, 110) / 110.0,
-        state.cpu_used[rows] / np.maximum(cpu_cap, 1),
-        state.mem_used[rows] / np.maximum(mem_cap, 1),
-        np.where(gcount > 0, 1.0 - idle / np.maximum(gcount * GPU_MILLI, 1), 0.0),
-        (gcount > 0).astype(np.float64),
-        gcount / MAX_GPUS,
-        ((left > 0) & (left < GPU_MILLI) & exists).sum(axis=1) / MAX_GPUS,
-        left.max(axis=1) / GPU_MILLI,
-        frag / GPU_SCALE,
-        np.divide(frag, idle, out=np.zeros(len(rows)), where=idle > 0),
-        access.astype(np.float64) @ target.prob,
-        (state.pods_used[rows] == 0).astype(np.float64),
-        state.schedulable[rows].astype(np.float64),
-        np.minimum(gpu_pods, 16) / MAX_GPUS,
-    ]
-    dev = -np.sort(-left, axis=1) / GPU_MILLI  # (r, G) free milli per device, descending
-    key = node_order_keys([state.nodes[i].name for i in rows])[:, None]
-    x = np.concatenate([np.stack(cols, axis=1), dev, key], axis=1).astype(np.float32)
-    return x, frag
-
-
-def node_order_keys(names: Sequence[str]) -> np.ndarray:
-    """(len(names),) stable pseudo-random key in [0, 1) per node name (CRC-32 / 2**32): a fixed node order.
-
-    Breaking near-ties between equally good nodes by one fixed order packs (a first-fit over that
-    order) where a fresh random pick per pod spreads; the FGD paper's simulator gets its published
-    figures from such an order. The key is a function of the name alone: the same on every
-    scheduler replica, across restarts and in training."""
-    return np.fromiter((zlib.crc32(n.encode("utf-8")) for n in names), np.float64, len(names)) / 2.0**32
-
-
-# ---------------------------------------------------------------------------------------------
 # Pods (pair rows: ``features_pairs``)
 
 
@@ -311,67 +258,6 @@ def identical_pods(pods: Sequence[Pod], candidates: Sequence[np.ndarray]) -> tup
             reps.append(k)
         group[k] = first[key]
     return reps, group
-
-
-# ---------------------------------------------------------------------------------------------
-# Edges
-
-
-def _ring(members: np.ndarray, half: int) -> list[np.ndarray]:
-    """Edges (src, dst) linking each member to ``half`` neighbours on each side of a ring (no self loops)."""
-    k = len(members)
-    if k < 2:
-        return []
-    out = []
-    for s in range(1, min(half, (k - 1) // 2 + (k - 1) % 2) + 1):
-        src, dst = members, np.roll(members, -s)
-        out.append(np.stack([src, dst]))
-        out.append(np.stack([dst, src]))
-    return out
-
-
-def node_edges(state: ClusterState) -> np.ndarray:
-    """(2, E_nn) int64 node -> node: rack ring (+-RACK_HALF), zone ring (+-ZONE_HALF), self loops; unique."""
-    zones, racks, rack_of = {}, {}, []
-    for i, nd in enumerate(state.nodes):
-        zone, rack = nd.zone, nd.rack
-        if not zone and not rack:
-            rack = f"pool:{nd.gpu_model or 'cpu'}"  # unlabelled nodes: one pool per GPU model
-        racks.setdefault((zone, rack), []).append(i)
-        rack_of.append(rack)
-        zones.setdefault(zone, []).append(i)
-    parts = [np.stack([np.arange(state.n_nodes)] * 2)]
-    for members in racks.values():
-        parts += _ring(np.asarray(members, np.int64), RACK_HALF)
-    for zone, members in zones.items():  # a zone ring in rack order: links racks (pools) at their ends
-        order = sorted(members, key=lambda i: (rack_of[i], i))
-        parts += _ring(np.asarray(order, np.int64), ZONE_HALF)
-    edges = np.concatenate(parts, axis=1)
-    edges = np.unique(edges, axis=1)
-    return edges.astype(np.int64)
-
-
-def _pod_group(p: Pod) -> tuple | None:
-    if p.service:
-        return ("svc", p.namespace, p.service)
-    if p.has_pod_affinity and p.labels:
-        return ("labels", p.namespace, tuple(sorted(p.labels.items())))
-    return None
-
-
-def pod_edges(pods: Sequence[Pod]) -> np.ndarray:
-    """(2, E_pp) int64 pod -> pod between pending pods of one service / affine label set (+-POD_HALF), self loops."""
-    groups: dict[tuple, list[int]] = {}
-    for k, p in enumerate(pods):
-        g = _pod_group(p)
-        if g is not None:
-            groups.setdefault(g, []).append(k)
-    parts = [np.stack([np.arange(len(pods))] * 2)]
-    for members in groups.values():
-        parts += _ring(np.asarray(members, np.int64), POD_HALF)
-    if len(parts) == 1:  # self loops only: already unique and sorted
-        return parts[0].astype(np.int64).reshape(2, -1)
-    return np.unique(np.concatenate(parts, axis=1), axis=1).astype(np.int64).reshape(2, -1)
 
 
 # ---------------------------------------------------------------------------------------------
