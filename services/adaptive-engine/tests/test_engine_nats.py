@@ -28,6 +28,27 @@ async def kv_selection(bus: Bus) -> m.PolicySelection:
     return m.decode(m.PolicySelection, await bus.kv_get(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY))
 
 
+async def start_selection(bus: Bus, policy: str) -> m.PolicySelection:
+    """Write ``policy`` as the active selection and the whole history, as a fresh deployment has it."""
+    start = m.PolicySelection(policy=policy, reason="test start", time=time.time())
+    await bus.kv_put(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY, m.encode(start))
+    await bus.kv_put(subjects.CONFIG_BUCKET, hist.KEY_POLICY_HISTORY,
+                     hist.encode_history([start.model_dump(exclude={"v"})]))
+    return start
+
+
+async def collect(bus: Bus, subject: str, cls) -> list:
+    """Every ``cls`` message on ``subject`` from now on, decoded, in a list that fills as they arrive."""
+    got: list = []
+
+    async def on_msg(msg):
+        got.append(m.decode(cls, msg.data))
+
+    await bus.subscribe(subject, on_msg)
+    await bus.flush()
+    return got
+
+
 async def wait_until(predicate, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -40,17 +61,8 @@ async def wait_until(predicate, timeout: float) -> bool:
 async def test_reward_collapse_rolls_back_and_cli_round_trip(nats_url, service_processes):
     bus = await Bus.connect(nats_url, name="test-adaptive")
     try:
-        start = m.PolicySelection(policy="kube-resources", reason="test start", time=time.time())
-        await bus.kv_put(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY, m.encode(start))
-        await bus.kv_put(subjects.CONFIG_BUCKET, hist.KEY_POLICY_HISTORY,
-                         hist.encode_history([start.model_dump(exclude={"v"})]))
-        events: list[m.PolicySelection] = []
-
-        async def on_event(msg):
-            events.append(m.decode(m.PolicySelection, msg.data))
-
-        await bus.subscribe(subjects.policy_selection(), on_event)
-        await bus.flush()
+        await start_selection(bus, "kube-resources")
+        events = await collect(bus, subjects.policy_selection(), m.PolicySelection)
         proc = service_processes("agmarl_adaptive_engine", env={
             "NATS_URL": nats_url, "AGMARL_CLUSTER": CLUSTER, "AGMARL_TICK_SECONDS": "0.1"})
         await wait_healthy(bus, "adaptive-engine", timeout=30, proc=proc)
@@ -113,22 +125,9 @@ async def test_model_inference_refuses_is_rolled_back(nats_url, service_processe
     missing = f"model:missing-{time.time_ns()}"
     bus = await Bus.connect(nats_url, name="test-refused")
     try:
-        start = m.PolicySelection(policy="kube-resources", reason="test start", time=time.time())
-        await bus.kv_put(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY, m.encode(start))
-        await bus.kv_put(subjects.CONFIG_BUCKET, hist.KEY_POLICY_HISTORY,
-                         hist.encode_history([start.model_dump(exclude={"v"})]))
-        refused: list[m.SelectionRefused] = []
-        events: list[m.PolicySelection] = []
-
-        async def on_refused(msg):
-            refused.append(m.decode(m.SelectionRefused, msg.data))
-
-        async def on_event(msg):
-            events.append(m.decode(m.PolicySelection, msg.data))
-
-        await bus.subscribe(subjects.selection_refused(), on_refused)
-        await bus.subscribe(subjects.policy_selection(), on_event)
-        await bus.flush()
+        start = await start_selection(bus, "kube-resources")
+        refused = await collect(bus, subjects.selection_refused(), m.SelectionRefused)
+        events = await collect(bus, subjects.policy_selection(), m.PolicySelection)
         engine = service_processes("agmarl_adaptive_engine", env={
             "NATS_URL": nats_url, "AGMARL_CLUSTER": CLUSTER, "AGMARL_TICK_SECONDS": "0.1"})
         inference = service_processes("agmarl_inference", env={
