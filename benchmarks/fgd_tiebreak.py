@@ -9,9 +9,11 @@ runs FGD on the openb default trace (full 1,523-node cluster, ``sim.inflation.ru
 - ``gpu-left``: ties broken by an observable rule, least GPU left after placement as a share of the node's GPUs;
 - ``name-hash``: ties broken by a stable order of node names (CRC-32), the same for every run;
 - ``fgd-pack``: the ``fgd-pack`` policy (``policies/fgdpack.py``, the learned model's imitation teacher):
-  nodes already running pods first, then the name order.
+  nodes already running pods first, then the name order;
+- ``cpu-spread``: ``fgd-pack`` for GPU pods, but CPU pods' ties to the node with the lowest cpu allocation
+  after placement (kube-scheduler's LeastAllocated spreading): what packing CPU pods is worth here.
 
-The last three add a secondary key below one score unit, so they only reorder tied nodes.
+The last four add a secondary key below one score unit, so they only reorder tied nodes.
 
     nice .venv/bin/python benchmarks/fgd_tiebreak.py --seeds 42-51 [--variants node-order,gpu-left]
 """
@@ -30,7 +32,7 @@ from agmarl_common.policies.fgdpack import FgdPackPolicy
 from agmarl_common.sim.inflation import run_inflation
 from agmarl_common.sim.traces import ALL_NODES, load_openb_nodes, load_openb_pods, openb_node_path, openb_pod_path
 
-VARIANTS = ("node-order", "random", "gpu-left", "name-hash", "fgd-pack")
+VARIANTS = ("node-order", "random", "gpu-left", "name-hash", "fgd-pack", "cpu-spread")
 TIE_SHARE = 0.5 * 0.999  # the secondary key stays inside one score unit
 
 
@@ -42,17 +44,24 @@ class FgdTieBreak(FgdPolicy):
         self.rule = rule
         self._hash: np.ndarray | None = None
 
+    def _keys(self, state: ClusterState) -> np.ndarray:
+        if self._hash is None or len(self._hash) != state.n_nodes:
+            self._hash = node_order_keys([n.name for n in state.nodes])
+        return self._hash
+
     def score(self, pod: Pod, state: ClusterState, candidates: np.ndarray) -> np.ndarray:
         base = super().score(pod, state, candidates)
         idx = np.asarray(candidates, dtype=np.int64)
-        if self.rule == "gpu-left":
+        if self.rule == "cpu-spread" and pod.num_gpu == 0:
+            key = (state.cpu_used[idx] + pod.cpu_milli) / np.maximum(state.cpu_cap[idx], 1)
+        elif self.rule == "cpu-spread":
+            key = 0.5 * (state.pods_used[idx] == 0) + 0.49 * self._keys(state)[idx]
+        elif self.rule == "gpu-left":
             cap = state.gpu_count[idx] * GPU_MILLI
             free = np.clip(cap - state.gpu_used[idx].sum(axis=1), 0, None)
             key = (free - pod.gpu_milli_total) / np.maximum(cap, 1)
         else:  # name-hash
-            if self._hash is None or len(self._hash) != state.n_nodes:
-                self._hash = node_order_keys([n.name for n in state.nodes])
-            key = self._hash[idx]
+            key = self._keys(state)[idx]
         return base - TIE_SHARE * np.clip(key, 0.0, 1.0)
 
 
