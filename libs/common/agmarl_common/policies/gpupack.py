@@ -69,11 +69,10 @@ class GpuPackPolicy(PolicyBase):
         guard = np.asarray(self.guard.score(pod, state, candidates), dtype=np.float64)
         if not self.packs(pod) or guard.size == 0:
             return guard
-        packed = self.fgd.score(pod, state, candidates)
-        if not self.guard_tie:  # plain fgd-pack (the guard only where fgd-pack's keys tie exactly)
-            return packed + 1e-6 * normalise_scores(guard) / MAX_NODE_SCORE
         base = FgdPolicy.score(self.fgd, pod, state, candidates)  # FGD's integer scores
-        keys = (base - packed) / TIE_SHARE  # fgd-pack's keys, [0, 1)
+        keys = self.fgd.tie_keys(state, candidates)  # fgd-pack's keys, [0, 1)
+        if not self.guard_tie:  # plain fgd-pack (the guard only where fgd-pack's keys tie exactly)
+            return base - TIE_SHARE * keys + 1e-6 * normalise_scores(guard) / MAX_NODE_SCORE
         return base + GUARD_TIE * normalise_scores(guard) / MAX_NODE_SCORE - PACK_TIE * keys
 
     def choose_gpus(self, pod: Pod, state: ClusterState, node_index: int) -> tuple[int, ...] | None:
