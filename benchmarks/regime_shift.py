@@ -49,6 +49,7 @@ from agmarl_common.adaptive.controller import AdaptiveController, ControllerConf
 from agmarl_common.adaptive.features import mix_counts, regime_features
 from agmarl_common.adaptive.gate import DEFAULT_EXPERTS, ExpertLibrary, GateConfig
 from agmarl_common.cluster.model import Node, Pod
+from agmarl_common.policies.base import brief
 from agmarl_common.policies.registry import get_policy
 from agmarl_common.reward import SCHEMES, RewardScheme, outcomes_from_stats, reward_components, scheme_total
 from agmarl_common.reward import cluster_load
@@ -90,11 +91,10 @@ class RunLog:
 
 def make_policy(name: str, seed: int, workload: list[Pod]):
     """``get_policy``; a policy that takes a target workload (FGD, fgd-pack, the learned model) is
-    given the scenario's pods, as the FGD paper's harness gives it the trace."""
+    given the scenario's pods, as the FGD paper's harness gives it the trace; the learned model is asked
+    for the composite reward (``policies.base.brief``)."""
     policy = get_policy(name, seed)
-    observe = getattr(policy, "observe_workload", None)
-    if callable(observe):
-        observe(workload)
+    brief(policy, workload, dynamic.OBJECTIVE)
     return policy
 
 

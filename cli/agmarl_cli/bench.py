@@ -42,6 +42,7 @@ class BenchSpec:
     fill: int = -1  # pods bound before measuring; -1 = 2 per node
     seed: int = 0
     pin: bool = True  # one CPU core
+    objective: str = "composite"  # what the model optimises (features.OBJECTIVES); the serving default
 
 
 def pin_one_core() -> int | None:
@@ -135,7 +136,7 @@ def run_latency(spec: BenchSpec) -> dict[str, Any]:
         raise ValueError("--nodes, --batch and --steps must be >= 1, --warmup >= 0")
     cpu = pin_one_core() if spec.pin else None
     artifact = modelstore.load_local(spec.model)
-    policy = OnnxModelPolicy(artifact)
+    policy = OnnxModelPolicy(artifact, objective=spec.objective)
     rng = np.random.default_rng(spec.seed)
     nodes = cluster_nodes(spec.nodes)
     workload = traces.load_openb_pods(traces.openb_pod_path("default"))
@@ -159,7 +160,8 @@ def run_latency(spec: BenchSpec) -> dict[str, Any]:
     t, c = np.asarray(times), np.asarray(cpu_times)
     gpu_cap = int(state.gpu_count.sum()) * 1000
     report = {
-        "bench": "latency", "nodes": spec.nodes, "batch": spec.batch, "model": artifact.source,
+        "bench": "latency", "nodes": spec.nodes, "batch": spec.batch, "objective": spec.objective,
+        "model": artifact.source,
         "model_version": artifact.version, "steps": int(t.size), "warmup": spec.warmup, "cpu": cpu,
         "onnx_threads": 1, "fill_pods": int(state.pods_used.sum()), "fill_s": round(fill_s, 2),
         "gpu_alloc_pct": round(100.0 * int(state.gpu_used.sum()) / max(gpu_cap, 1), 1),

@@ -16,7 +16,7 @@ import numpy as np
 
 from agmarl_common import reward
 from agmarl_common.cluster.filters import violations
-from agmarl_common.policies.base import Policy
+from agmarl_common.policies.base import Policy, brief
 from agmarl_common.sim import dynamic, metrics
 from agmarl_common.sim.inflation import MAX_ARRIVED_PCT, run_inflation
 from agmarl_cli.eval_spec import EvalSpec, load_nodes, load_workload, resolve_policy
@@ -78,10 +78,8 @@ def run_dynamic_with_reward(policy: Policy, nodes, workload, config: dynamic.Sim
                             record_every: float) -> tuple[dynamic.DynamicResult, list[dict[str, float]]]:
     """``dynamic.run`` (same steps, same result) that also scores the composite reward at every
     record point over the window since the previous one; hard violations are checked there too.
-    A policy with ``observe_workload(pods)`` (FGD) is told the workload first, as in inflation."""
-    observe = getattr(policy, "observe_workload", None)
-    if callable(observe):
-        observe(tuple(workload))
+    The policy is told the workload and the composite objective first (``policies.base.brief``)."""
+    brief(policy, tuple(workload), dynamic.OBJECTIVE)
     state = dynamic.reset(nodes, workload, config, seed)
     retry: dict[str, tuple[float, float]] = {}
     every = max(1, round(record_every / config.tick_s))

@@ -78,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     lat.add_argument("--fill", type=int, default=-1, help="openb pods bound first (default: 2 per node)")
     lat.add_argument("--seed", type=int, default=0)
     lat.add_argument("--no-pin", action="store_true", help="do not pin the process to one CPU")
+    lat.add_argument("--objective", default="composite", choices=("composite", "allocation"),
+                     help="what the model optimises (composite adds the reward_gain input's cost)")
     lat.add_argument("--json", default=None, metavar="OUT.json")
     return p
 
@@ -108,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "bench":
         from agmarl_cli.bench import BenchSpec, latency_command  # noqa: PLC0415
         spec = BenchSpec(nodes=args.nodes, batch=args.batch, model=args.model, steps=args.steps, warmup=args.warmup,
-                         fill=args.fill, seed=args.seed, pin=not args.no_pin)
+                         fill=args.fill, seed=args.seed, pin=not args.no_pin, objective=args.objective)
         return latency_command(spec, args.json)
     from agmarl_cli import commands  # noqa: PLC0415
     if args.cmd == "decisions":

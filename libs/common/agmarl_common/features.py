@@ -41,8 +41,8 @@ from agmarl_common.cluster.model import GPU_MILLI, MAX_GPUS, ClusterState, Pod, 
 from agmarl_common.features_edges import POD_HALF, RACK_HALF, ZONE_HALF, node_edges, pod_edges  # noqa: F401
 from agmarl_common.features_nodes import node_feature_rows, node_order_keys  # noqa: F401  (re-exported)
 from agmarl_common.features_pairs import (  # noqa: F401  (pair inputs: re-exported, part of this module's API)
-    CPU_SCALE, EDGE_FEATURES, F_EDGE, FRAG_SCALE, GPU_SCALE, MEM_SCALE, current_memos, gpu_left, pair_features,
-    pair_features_batch, placement_frag, placement_frag_many, shape_jobs)
+    CPU_SCALE, EDGE_FEATURES, F_EDGE, FRAG_SCALE, GPU_SCALE, MEM_SCALE, OBJECTIVES, current_memos, gpu_left,
+    objective_gains, pair_features, pair_features_batch, placement_frag, placement_frag_many, shape_jobs)
 from agmarl_common.sim.fragmentation import TargetWorkload, pod_shape, target_workload
 
 NODE_FEATURES = (
@@ -51,9 +51,9 @@ NODE_FEATURES = (
     "schedulable", "gpu_pods",
 ) + tuple(f"dev_free_{j}" for j in range(MAX_GPUS)) + ("order_key",)
 POD_FEATURES = ("cpu", "mem", "num_gpu", "gpu_milli", "gpu_total", "is_share", "cpu_only", "is_ls", "has_spec",
-                "shape_prob", "log_cpu")
+                "shape_prob", "log_cpu", "objective_composite")
 F_NODE = len(NODE_FEATURES)  # 27
-F_POD = len(POD_FEATURES)  # 11
+F_POD = len(POD_FEATURES)  # 12
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,8 @@ class FeatureContext:
     """
 
     target: TargetWorkload
+    objective: str = "composite"  # OBJECTIVES: what the scheduler optimises (pod row and ``reward_gain``)
+    scheme: str = "fixed"  # the composite reward's weighting scheme (reward.SCHEMES)
     _nodes: tuple = ()
     _access: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), bool))
     _access_class: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (n,) id of the access row
@@ -108,9 +110,13 @@ class FeatureContext:
     _pairs: dict = field(default_factory=dict)  # pod shape -> (row version, delta, after, device), (n,) each
     _shape_prob: dict = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"unknown objective {self.objective!r}; known: {', '.join(OBJECTIVES)}")
+
     @staticmethod
-    def from_workload(pods: Sequence[Pod]) -> "FeatureContext":
-        return FeatureContext(target_workload(pods))
+    def from_workload(pods: Sequence[Pod], objective: str = "composite", scheme: str = "fixed") -> "FeatureContext":
+        return FeatureContext(target_workload(pods), objective, scheme)
 
     def _bind_nodes(self, state: ClusterState) -> None:
         if state.nodes is self._nodes and self._node_x.shape[0] == state.n_nodes:
@@ -226,6 +232,7 @@ class FeatureContext:
 
 def pod_features(pods: Sequence[Pod], context: FeatureContext) -> np.ndarray:
     """(P, F_POD) float32."""
+    composite = float(context.objective == "composite")
     rows = []
     for p in pods:
         milli = p.gpu_milli if p.num_gpu > 0 else 0
@@ -233,26 +240,33 @@ def pod_features(pods: Sequence[Pod], context: FeatureContext) -> np.ndarray:
             p.cpu_milli / CPU_SCALE, p.memory_mib / MEM_SCALE, p.num_gpu / MAX_GPUS, milli / GPU_MILLI,
             p.num_gpu * milli / GPU_SCALE, float(p.is_gpu_share), float(p.num_gpu == 0),
             float(p.qos in ("LS", "Guaranteed")), float(bool(p.gpu_spec)), context.shape_prob(p),
-            np.log1p(p.cpu_milli / 1000.0) / 5.0,
+            np.log1p(p.cpu_milli / 1000.0) / 5.0, composite,
         ])
     return np.asarray(rows, dtype=np.float32).reshape(len(pods), F_POD)
 
 
-def pod_feature_key(pod: Pod) -> tuple:
+def pod_feature_key(pod: Pod, objective: str = "composite") -> tuple:
     """What the model's inputs read of a pod (``pod_features``, ``pair_features``): pods with equal keys
-    get equal pod rows and, on the same candidate nodes, equal pair rows, hence equal scores."""
-    return (pod.cpu_milli, pod.memory_mib, pod.num_gpu, pod.gpu_milli if pod.num_gpu > 0 else 0, tuple(pod.gpu_spec),
-            pod.qos in ("LS", "Guaranteed"))
+    get equal pod rows and, on the same candidate nodes, equal pair rows, hence equal scores. Under the
+    composite objective the ``reward_gain`` column also reads the pod's labels, service, QoS class and
+    preferences (what ``policies.rewardaware`` scores)."""
+    key = (pod.cpu_milli, pod.memory_mib, pod.num_gpu, pod.gpu_milli if pod.num_gpu > 0 else 0, tuple(pod.gpu_spec),
+           pod.qos in ("LS", "Guaranteed"))
+    if objective != "composite":
+        return key
+    return key + (pod.qos, pod.namespace, pod.service, tuple(sorted(pod.labels.items())), pod.preferred_node_affinity,
+                  pod.tolerations, pod.preferred_pod_affinity, pod.preferred_pod_anti_affinity, pod.topology_spread)
 
 
-def identical_pods(pods: Sequence[Pod], candidates: Sequence[np.ndarray]) -> tuple[list[int], np.ndarray]:
+def identical_pods(pods: Sequence[Pod], candidates: Sequence[np.ndarray],
+                   objective: str = "composite") -> tuple[list[int], np.ndarray]:
     """(the first pod of each group of pods with equal ``pod_feature_key`` and equal candidates, (P,) the
     position of each pod's group in that list): score the first ones, then ``scores[group[k]]`` is pod k's."""
     first: dict[tuple, int] = {}
     reps: list[int] = []
     group = np.zeros(len(pods), np.int64)
     for k, (p, c) in enumerate(zip(pods, candidates)):
-        key = (pod_feature_key(p), np.asarray(c, np.int64).tobytes())
+        key = (pod_feature_key(p, objective), np.asarray(c, np.int64).tobytes())
         if key not in first:
             first[key] = len(reps)
             reps.append(k)

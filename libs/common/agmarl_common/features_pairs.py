@@ -16,14 +16,17 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from agmarl_common.cluster.model import GPU_MILLI, MAX_GPUS, ClusterState, Pod
+from agmarl_common.policies.rewardaware import RewardAwareConfig, RewardAwarePolicy
 from agmarl_common.sim.fragmentation import TargetWorkload, node_frag_amount, pod_shape
 
 if TYPE_CHECKING:
     from agmarl_common.features import FeatureContext
 
 EDGE_FEATURES = ("cpu_left", "mem_left", "gpu_left", "gpu_left_frac", "frag_delta", "fgd_score", "frag_after",
-                 "dev_left", "whole_left", "cpu_tight", "bestfit_left", "opens_node", "fills_gpus", "gpu_share")
-F_EDGE = len(EDGE_FEATURES)  # 14
+                 "dev_left", "whole_left", "cpu_tight", "bestfit_left", "opens_node", "fills_gpus", "gpu_share",
+                 "reward_gain")
+F_EDGE = len(EDGE_FEATURES)  # 15
+OBJECTIVES = ("composite", "allocation")  # what the scheduler optimises (``FeatureContext.objective``)
 
 CPU_SCALE = 128_000.0  # milli-cpu of a large node
 MEM_SCALE = 1_048_576.0  # MiB of a large node
@@ -168,6 +171,27 @@ def current_memos(memo: dict, jobs: list[tuple[tuple, np.ndarray]], state: Clust
     return memos
 
 
+def objective_gains(pods: Sequence[Pod], state: ClusterState, candidates: Sequence[np.ndarray], objective: str,
+                    scheme: str = "fixed") -> np.ndarray:
+    """(E,) the ``reward_gain`` column, pod-major: under the ``composite`` objective, each pod's
+    reward-aware score of its candidates (``policies.rewardaware``: the one-step change of the composite
+    reward of ``scheme``, plus kube-default's preference plugins) rescaled within the pod to [-1, 0]
+    (its best candidate 0, its worst -1; all 0 when they tie); 0 everywhere under ``allocation`` (the
+    GPU-packing objective of the inflation protocol, which the composite reward does not measure)."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r}; known: {', '.join(OBJECTIVES)}")
+    sizes = [len(c) for c in candidates]
+    if objective != "composite":
+        return np.zeros(int(sum(sizes)))
+    expert = RewardAwarePolicy(RewardAwareConfig(scheme=scheme))
+    cols = []
+    for pod, cand in zip(pods, candidates):
+        s = expert.score(pod, state, cand) if len(cand) else np.zeros(0)
+        spread = float(s.max() - s.min()) if s.size else 0.0
+        cols.append((s - s.max()) / spread if spread > 1e-12 else np.zeros(s.size))
+    return np.concatenate(cols) if cols else np.zeros(0)
+
+
 def pair_features(pod: Pod, state: ClusterState, cand: np.ndarray,
                   context: FeatureContext) -> tuple[np.ndarray, np.ndarray]:
     """((E, F_EDGE) float32 features, (E,) device) of placing ``pod`` on each node of ``cand``: its slice
@@ -221,6 +245,7 @@ def pair_features_batch(pods: Sequence[Pod], state: ClusterState, candidates: Se
         t["empty"][idx],  # bools: 0.0 / 1.0 exactly
         has_gpu & (gpu_after <= 0) & (gpu_req > 0),
         np.divide(gpu_req, gcap, out=np.zeros(e), where=has_gpu),
+        objective_gains(pods, state, candidates, context.objective, context.scheme),
     ]
     out = np.empty((e, F_EDGE), np.float32)  # float64 values rounded once, as .astype(np.float32) does
     for j, col in enumerate(cols):

@@ -21,6 +21,7 @@ from agmarl_common.cluster.model import GPU_MILLI, MAX_GPUS, ClusterState, Node,
 from agmarl_common.features import (CPU_SCALE, EDGE_FEATURES, F_EDGE, FRAG_SCALE, GPU_SCALE, FeatureContext,
                                     build_graph, identical_pods, pair_features, pair_features_batch, placement_frag,
                                     placement_frag_many, pod_edges, pod_feature_key, pod_features)
+from agmarl_common.policies.rewardaware import RewardAwarePolicy
 from agmarl_common.sim import traces
 from agmarl_common.sim.fragmentation import pod_shape, state_frag, target_workload
 
@@ -28,7 +29,16 @@ FRAG_COLS = [EDGE_FEATURES.index(f) for f in ("frag_delta", "fgd_score", "frag_a
 EXACT_COLS = [j for j in range(F_EDGE) if j not in FRAG_COLS]
 
 
-def oracle_pairs(pod: Pod, state: ClusterState, cand: np.ndarray, target) -> tuple[np.ndarray, np.ndarray]:
+def oracle_gain(pod: Pod, state: ClusterState, idx: np.ndarray, objective: str) -> np.ndarray:
+    """The ``reward_gain`` column: reward-aware's scores rescaled to [-1, 0] (composite), 0 (allocation)."""
+    if objective != "composite" or len(idx) == 0:
+        return np.zeros(len(idx))
+    s = RewardAwarePolicy().score(pod, state, idx)
+    return (s - s.max()) / (s.max() - s.min()) if s.max() - s.min() > 1e-12 else np.zeros(len(idx))
+
+
+def oracle_pairs(pod: Pod, state: ClusterState, cand: np.ndarray, target,
+                 objective: str = "composite") -> tuple[np.ndarray, np.ndarray]:
     """``pair_features`` of one pod, from scratch (no memo, no cached node terms)."""
     idx = np.asarray(cand, np.int64)
     access = target.accessible(state.gpu_model)
@@ -54,6 +64,7 @@ def oracle_pairs(pod: Pod, state: ClusterState, cand: np.ndarray, target) -> tup
         0.5 * cpu_after / CPU_SCALE + 0.5 * gpu_after / GPU_SCALE, (state.pods_used[idx] == 0).astype(np.float64),
         ((gcap > 0) & (gpu_after <= 0) & (gpu_req > 0)).astype(np.float64),
         np.divide(gpu_req, gcap, out=np.zeros(len(idx)), where=gcap > 0),
+        oracle_gain(pod, state, idx, objective),
     ]
     return np.stack(cols, axis=1).astype(np.float32).reshape(len(idx), F_EDGE), dev
 
@@ -67,7 +78,7 @@ def assert_same_pairs(got_attr, got_dev, want_attr, want_dev) -> None:
 
 def assert_graph_matches_oracle(pods, state, cands, context) -> None:
     g = build_graph(pods, state, cands, context)
-    parts = [oracle_pairs(p, state, c, context.target) for p, c in zip(pods, cands)]
+    parts = [oracle_pairs(p, state, c, context.target, context.objective) for p, c in zip(pods, cands)]
     want_attr = np.concatenate([a for a, _ in parts]) if parts else np.zeros((0, F_EDGE), np.float32)
     want_dev = np.concatenate([d for _, d in parts]) if parts else np.zeros(0, np.int64)
     np.testing.assert_array_equal(g.cand_pod, np.repeat(np.arange(len(pods)), [len(c) for c in cands]))

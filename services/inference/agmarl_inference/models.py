@@ -86,7 +86,8 @@ class ModelRegistry:
     async def _build(self, load: Callable[[], modelstore.ModelArtifact], source: str) -> OnnxModelPolicy | None:
         """Verify + build in a worker thread; failures are counted, never raised."""
         try:
-            policy = await asyncio.to_thread(lambda: OnnxModelPolicy(load()))
+            objective = getattr(self.rt.settings, "objective", "composite")
+            policy = await asyncio.to_thread(lambda: OnnxModelPolicy(load(), objective=objective))
         except modelstore.ModelNotFoundError as err:
             self._fail("not_found", err)
             return None

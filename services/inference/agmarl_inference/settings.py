@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from agmarl_common.settings import CommonSettings
 
 
@@ -20,3 +22,6 @@ class InferenceSettings(CommonSettings):
     max_body_bytes: int = 16 * 1024 * 1024
     extender_path_prefixes: list[str] = ["", "/ext"]  # the verbs are served under each (scheduler urlPrefix)
     explain_model: bool = True  # add the model's attention / feature contributions to each loop decision
+    # what learned models optimise (features.OBJECTIVES): the composite reward, or GPU allocation (packing
+    # GPU jobs the FGD way, the openb inflation protocol's measure)
+    objective: Literal["composite", "allocation"] = "composite"

@@ -23,6 +23,9 @@ class ImitationConfig:
     lr: float = 3e-3
     expert: str = "fgd"
     dynamic_expert: str = "kube-default"
+    # weight of mean(logit^2) added to the cross-entropy: keeps logits in a range where float32 ONNX and
+    # torch agree to 1e-4 (cross-entropy alone drives the margins up without bound: +-370 seen)
+    logit_penalty: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,7 @@ def fit(net: PolicyNet, samples: Sequence[Sample], cfg: TrainConfig, rng: np.ran
     net.train()
     for _ in range(ic.epochs):
         for idx in minibatches(len(samples), ic.batch_graphs, rng):
-            loss, acc = imitation_step(net, net, opt, [samples[i] for i in idx])
+            loss, acc = imitation_step(net, net, opt, [samples[i] for i in idx], ic.logit_penalty)
             step += 1
             last = {"loss": round(loss.item(), 4), "accuracy": round(acc, 4)}
             log.row(phase="finetune", step=step, lr=ic.lr, **last)

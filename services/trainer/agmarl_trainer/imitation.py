@@ -127,13 +127,16 @@ def minibatches(n: int, size: int, rng: np.random.Generator) -> Iterator[np.ndar
         yield order[i:i + size]
 
 
-def imitation_loss(net, samples: Sequence[Sample]) -> tuple[torch.Tensor, float]:
-    """(mean cross-entropy over pods that acted, accuracy of the argmax) of a minibatch."""
+def imitation_loss(net, samples: Sequence[Sample], logit_penalty: float = 0.0) -> tuple[torch.Tensor, float]:
+    """(mean cross-entropy over pods that acted + ``logit_penalty`` * mean squared logit, accuracy of the
+    argmax) of a minibatch."""
     batch = collate([s.graph for s in samples])
     logits = net(batch)  # (E,)
     logp = segment_log_softmax(logits, batch["cand_pod"], int(batch["n_pods"]))
     edges, pods = action_edges(samples, batch)
     loss = -logp[edges].mean()
+    if logit_penalty > 0:
+        loss = loss + logit_penalty * (logits ** 2).mean()
     with torch.no_grad():
         best = torch.full((int(batch["n_pods"]),), -float("inf")).scatter_reduce(0, batch["cand_pod"], logits, "amax")
         acc = float((logits[edges] >= best[pods]).float().mean())

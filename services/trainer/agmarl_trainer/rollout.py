@@ -32,7 +32,7 @@ from agmarl_common.cluster.model import GPU_MILLI, ClusterState, Node, Pod, bind
 from agmarl_common.features import FeatureContext, HeteroGraph, build_graph, device_for
 from agmarl_common.policies.base import PolicyBase
 from agmarl_common.reward import Outcomes, reward_components, total_reward
-from agmarl_common.sim import dynamic
+from agmarl_common.sim import dynamic, inflation
 from agmarl_common.sim.inflation import inflate_workload, pick_node
 
 GRAPH_KEYS = ("node_x", "pod_x", "nn_edge_index", "pp_edge_index", "cand_pod", "cand_node", "cand_attr")
@@ -115,12 +115,18 @@ class LearnedPolicy(PolicyBase):
 
     name = "agmarl"
 
-    def __init__(self, scorer: GraphScorer, context: FeatureContext | None = None):
+    def __init__(self, scorer: GraphScorer, context: FeatureContext | None = None, objective: str = "composite"):
         self.scorer = scorer
         self.context = context
+        self.objective = context.objective if context is not None else objective
 
     def observe_workload(self, pods: Sequence[Pod]) -> None:
-        self.context = FeatureContext.from_workload(pods)
+        self.context = FeatureContext.from_workload(pods, self.objective)
+
+    def set_objective(self, objective: str) -> None:
+        self.objective = objective
+        if self.context is not None:
+            self.context = FeatureContext(self.context.target, objective)
 
     def score(self, pod: Pod, state: ClusterState, candidates: np.ndarray) -> np.ndarray:
         if self.context is None:
@@ -171,7 +177,7 @@ def run_inflation_episode(nodes: Sequence[Node], workload: Sequence[Pod], rng: n
     total = int(state.gpu_count.sum()) * GPU_MILLI
     arrivals = inflate_workload(workload, total, rng, ratio)
     rank = rng.permutation(state.n_nodes)
-    ctx = FeatureContext.from_workload(workload)
+    ctx = FeatureContext.from_workload(workload, inflation.OBJECTIVE)
     if expert is not None and callable(getattr(expert, "observe_workload", None)):
         expert.observe_workload(workload)
     ep = InflationEpisode()
@@ -247,7 +253,7 @@ def run_dynamic_episode(nodes: Sequence[Node], workload: Sequence[Pod], seed: in
     a pick made stale by an earlier one is refused and the pod stays pending for the next tick."""
     rng = rng if rng is not None else np.random.default_rng(seed)
     state = dynamic.reset(nodes, workload, config, seed)
-    ctx = FeatureContext.from_workload(workload)
+    ctx = FeatureContext.from_workload(workload, dynamic.OBJECTIVE)
     samples: list[Sample] = []
     n_ticks = int(math.ceil(config.horizon_s / config.tick_s - 1e-9))
     rewards = []

@@ -92,10 +92,10 @@ def quick_eval(net: PolicyNet, cfg: TrainConfig) -> dict[str, float]:
 
 
 def imitation_step(model, net: PolicyNet, opt: torch.optim.Optimizer,
-                   batch: Sequence[Sample]) -> tuple[torch.Tensor, float]:
+                   batch: Sequence[Sample], logit_penalty: float = 0.0) -> tuple[torch.Tensor, float]:
     """One optimiser step of imitation cross-entropy on ``batch``: the loss from ``model`` (``net`` or its
     DDP wrapper), ``net``'s gradients clipped to norm 1. Returns ``imitation_loss``'s (loss, accuracy)."""
-    loss, acc = imitation_loss(model, batch)
+    loss, acc = imitation_loss(model, batch, logit_penalty)
     opt.zero_grad()
     loss.backward()
     torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
@@ -121,7 +121,7 @@ def train_imitation(net: PolicyNet, cfg: TrainConfig, log: MetricsLog, rng: np.r
     with tqdm(total=steps, desc="imitation", leave=False, mininterval=2.0) as bar:
         for _ in range(ic.epochs):
             for idx in minibatches(len(samples), ic.batch_graphs, rng):
-                loss, acc = imitation_step(model, net, opt, [samples[i] for i in idx])
+                loss, acc = imitation_step(model, net, opt, [samples[i] for i in idx], ic.logit_penalty)
                 sched.step()
                 step += 1
                 last = {"loss": loss.item(), "accuracy": acc}

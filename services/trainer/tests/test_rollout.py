@@ -5,11 +5,13 @@ import numpy as np
 import torch
 
 from agmarl_common.cluster.model import Node, Pod
-from agmarl_common.features import F_EDGE, F_NODE, F_POD, HeteroGraph
+from agmarl_common.features import EDGE_FEATURES, F_EDGE, F_NODE, F_POD, POD_FEATURES, HeteroGraph
 from agmarl_common.policies.fgd import BestFitPolicy, FgdPolicy
 from agmarl_common.sim import dynamic, traces
 from agmarl_common.sim.inflation import run_inflation
 from agmarl_trainer.rollout import collate, run_dynamic_episode, run_inflation_episode, segment_log_softmax, sub_cluster
+
+FLAG, GAIN = POD_FEATURES.index("objective_composite"), EDGE_FEATURES.index("reward_gain")
 
 
 def test_expert_episode_replays_run_inflation():
@@ -20,6 +22,25 @@ def test_expert_episode_replays_run_inflation():
         ep = run_inflation_episode(nodes, pods, np.random.default_rng(11), expert=policy(), record_prob=0.5)
         assert ep.alloc_final == 100.0 * ref.used_milli[-1] / ref.total_gpu_milli
         assert ep.samples and all(s.graph.n_pods == 1 and 0 <= s.action[0] < s.graph.n_cand for s in ep.samples)
+        # the inflation protocol's objective is GPU allocation: no composite flag, no reward_gain column
+        assert all(not s.graph.pod_x[:, FLAG].any() and not s.graph.cand_attr[:, GAIN].any() for s in ep.samples)
+
+
+def test_dynamic_episodes_ask_for_the_composite_reward():
+    from agmarl_common.policies.rewardaware import RewardAwarePolicy
+    from agmarl_common.sim import synthetic
+
+    nodes = synthetic.synthetic_cluster(10, seed=2)
+    pods = synthetic.generate("batch_online_mix", nodes, horizon_s=300, seed=2)
+    samples, _ = run_dynamic_episode(nodes, pods, 2, dynamic.SimConfig(tick_s=5.0, horizon_s=300),
+                                     expert=RewardAwarePolicy())
+    assert samples and all(s.graph.pod_x[:, FLAG].all() for s in samples)
+    gains = np.concatenate([s.graph.cand_attr[:, GAIN] for s in samples])
+    assert gains.min() == -1.0 and gains.max() == 0.0
+    # the expert's pick is a candidate the reward_gain column ranks first (reward-aware is the gain's source)
+    for s in samples:
+        for k in np.flatnonzero(s.action >= 0):
+            assert s.graph.cand_attr[s.action[k], GAIN] == 0.0
 
 
 def test_arbiter_refuses_picks_made_stale_by_earlier_ones():

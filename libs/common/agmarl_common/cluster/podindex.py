@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
-from agmarl_common.cluster.specs import Node, Pod, PodAffinityTerm
+from agmarl_common.cluster.specs import LS_QOS, Node, Pod, PodAffinityTerm
 
 if TYPE_CHECKING:
     from agmarl_common.cluster.state import ClusterState
@@ -60,6 +60,7 @@ class PodIndex:
     - ``anti_pairs``: ``_anti_pair(term)`` (a pair every matching pod carries; None when the selector has no
       matchLabels) -> keys of ``anti``;
     - ``zero_cpu`` / ``zero_mem``: (n,) bound pods per node without a cpu / memory request;
+    - ``ls``: (n,) bound latency-sensitive pods (QoS ``LS_QOS``) per node (the reward's SLA term reads it);
     - ``node_cache``: derived data of ``nodes`` (topology domains, node-affinity masks) that the hard filter
       fills lazily; shared by the indexes of every state with the same ``nodes`` tuple.
     ``bound`` and ``nodes`` are the very tuples of the state described: ``pod_index`` rebuilds on mismatch.
@@ -74,6 +75,7 @@ class PodIndex:
     anti_pairs: Mapping[tuple[str, str] | None, frozenset]
     zero_cpu: np.ndarray
     zero_mem: np.ndarray
+    ls: np.ndarray
     node_cache: dict = field(default_factory=dict, compare=False)
 
     @staticmethod
@@ -82,7 +84,7 @@ class PodIndex:
         n = len(bound)
         where: dict[tuple, list[int]] = {}  # group or anti key -> node of each pod
         first: dict[tuple, tuple] = {}  # key -> what the index stores next to the counts
-        zero_cpu, zero_mem = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        zero_cpu, zero_mem, ls = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64)
         for i, pods in enumerate(bound):
             for p in pods:
                 items = labels_key(p.labels)
@@ -97,7 +99,8 @@ class PodIndex:
                     where[ak].append(i)
                 zero_cpu[i] += p.cpu_milli == 0
                 zero_mem[i] += p.memory_mib == 0
-        zero_cpu.flags.writeable = zero_mem.flags.writeable = False
+                ls[i] += p.qos == LS_QOS
+        zero_cpu.flags.writeable = zero_mem.flags.writeable = ls.flags.writeable = False
         groups, anti = {}, {}
         for key, nodes_of in where.items():
             counts = np.bincount(np.array(nodes_of, dtype=np.int64), minlength=n)
@@ -114,7 +117,7 @@ class PodIndex:
         for ak, (term, _, _) in anti.items():
             anti_pairs.setdefault(_anti_pair(term), set()).add(ak)
         return PodIndex(bound, nodes, groups, {k: frozenset(v) for k, v in group_pairs.items()}, anti,
-                        {k: frozenset(v) for k, v in anti_pairs.items()}, zero_cpu, zero_mem)
+                        {k: frozenset(v) for k, v in anti_pairs.items()}, zero_cpu, zero_mem, ls)
 
     def add(self, i: int, pod: Pod, bound: tuple, nodes: tuple) -> "PodIndex":
         """The index of ``bound`` = this index's bound plus ``pod`` on node i."""
@@ -148,8 +151,9 @@ class PodIndex:
             zero_cpu = _bumped(zero_cpu, n, i, delta, keep_zero=True)
         if pod.memory_mib == 0:
             zero_mem = _bumped(zero_mem, n, i, delta, keep_zero=True)
+        ls = _bumped(self.ls, n, i, delta, keep_zero=True) if pod.qos == LS_QOS else self.ls
         cache = self.node_cache if nodes is self.nodes else {}
-        return PodIndex(bound, nodes, groups, group_pairs, anti, anti_pairs, zero_cpu, zero_mem, cache)
+        return PodIndex(bound, nodes, groups, group_pairs, anti, anti_pairs, zero_cpu, zero_mem, ls, cache)
 
 
 def _bumped(counts: np.ndarray | None, n: int, i: int, delta: int, keep_zero: bool = False) -> np.ndarray | None:

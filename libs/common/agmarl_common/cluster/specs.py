@@ -113,6 +113,9 @@ class Node:
         return self.labels.get(RACK_LABEL, "")
 
 
+LS_QOS = "LS"  # the latency-sensitive QoS class (openb traces, synthetic workloads)
+
+
 @dataclass(frozen=True, slots=True)
 class Pod:
     name: str

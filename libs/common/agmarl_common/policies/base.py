@@ -8,7 +8,7 @@ kube-scheduler's 0..100 framework range when they must be compared or blended.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -40,6 +40,18 @@ class PolicyBase:
 
     def choose_gpus(self, pod: Pod, state: ClusterState, node_index: int) -> tuple[int, ...] | None:
         return choose_gpus(pod, state.gpu_free()[node_index])
+
+
+def brief(policy: Policy, workload: Sequence[Pod] | None = None, objective: str | None = None) -> None:
+    """Tell ``policy`` what a harness runs, where it asks: the workload (``observe_workload(pods)``: FGD and
+    the learned policy measure fragmentation against it, as the FGD paper's simulator tells its plugins)
+    and the objective the harness measures (``set_objective(name)``: the learned policy)."""
+    observe = getattr(policy, "observe_workload", None)
+    if workload is not None and callable(observe):
+        observe(workload)
+    set_objective = getattr(policy, "set_objective", None)
+    if objective is not None and callable(set_objective):
+        set_objective(objective)
 
 
 def select_node(policy: Policy, pod: Pod, state: ClusterState, candidates: np.ndarray) -> int | None:

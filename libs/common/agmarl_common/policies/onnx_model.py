@@ -28,8 +28,8 @@ import onnxruntime as ort
 
 from agmarl_common import modelstore
 from agmarl_common.cluster.model import ClusterState, Pod
-from agmarl_common.features import (EDGE_FEATURES, NODE_FEATURES, FeatureContext, HeteroGraph, build_graph, device_for,
-                                    identical_pods)
+from agmarl_common.features import (EDGE_FEATURES, NODE_FEATURES, OBJECTIVES, POD_FEATURES, FeatureContext, HeteroGraph,
+                                    build_graph, device_for, identical_pods)
 from agmarl_common.policies.base import PolicyBase
 from agmarl_common.policies.registry import MODEL_PREFIX  # noqa: F401  (re-exported)
 
@@ -47,6 +47,20 @@ def make_session(model: bytes | str | Path) -> ort.InferenceSession:
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     src = str(model) if isinstance(model, Path) else model
     return ort.InferenceSession(src, opts, providers=["CPUExecutionProvider"])
+
+
+def input_columns(manifest: dict, key: str, names: Sequence[str]) -> np.ndarray | None:
+    """Which of this release's feature columns ``names`` a model reads, in its order (its manifest's
+    ``contract[key]``): None when it reads them all as they are; a model trained before a feature was
+    added reads the columns it knows. A name this release does not compute is refused (ValueError)."""
+    wanted = list((manifest.get("contract") or {}).get(key) or names)
+    if wanted == list(names):
+        return None
+    unknown = [w for w in wanted if w not in names]
+    if unknown:
+        raise ValueError(f"model {manifest.get('version', '?')} reads {key} {unknown}, which this release does "
+                         f"not compute (known: {', '.join(names)})")
+    return np.array([list(names).index(w) for w in wanted], np.int64)
 
 
 def _csr(key: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -134,9 +148,14 @@ class OnnxModelPolicy(PolicyBase):
 
     The FGD target workload features are measured against comes from ``observe_workload(pods)``; without
     it, from the pods the policy has seen (bound pods of the first state and every pod scored), rebuilt as
-    that sample grows (``TARGET_GROWTH``)."""
+    that sample grows (``TARGET_GROWTH``). ``objective`` (``features.OBJECTIVES``; ``set_objective``) is
+    what the model is asked to optimise: the composite reward (default) or GPU allocation (the inflation
+    protocol). The model is fed the feature columns its manifest names (``input_columns``)."""
 
-    def __init__(self, artifact: modelstore.ModelArtifact, max_share: float = 0.25):
+    def __init__(self, artifact: modelstore.ModelArtifact, max_share: float = 0.25, objective: str = "composite"):
+        if objective not in OBJECTIVES:
+            raise ValueError(f"unknown objective {objective!r}; known: {', '.join(OBJECTIVES)}")
+        self.objective = objective
         self.artifact = artifact
         self.version = artifact.version
         self.name = f"{MODEL_PREFIX}{artifact.version}"
@@ -153,6 +172,10 @@ class OnnxModelPolicy(PolicyBase):
         self._node_key: tuple = ()
         self._ref: ClusterState | None = None
         self._cache = EncoderCache(self.encoder, artifact.layers, max_share)
+        specs = {"node": NODE_FEATURES, "pod": POD_FEATURES, "edge": EDGE_FEATURES}
+        self._cols = {k: input_columns(self.manifest, f"{k}_features", names) for k, names in specs.items()}
+        self._names = {k: list(names) if self._cols[k] is None else [names[j] for j in self._cols[k]]
+                       for k, names in specs.items()}
 
     @staticmethod
     def from_dir(path: str | Path) -> "OnnxModelPolicy":
@@ -163,7 +186,17 @@ class OnnxModelPolicy(PolicyBase):
     def observe_workload(self, pods: Sequence[Pod]) -> None:
         with self._lock:
             self._observed = True
-            self._new_context(FeatureContext.from_workload(pods))
+            self._new_context(FeatureContext.from_workload(pods, self.objective))
+
+    def set_objective(self, objective: str) -> None:
+        """Optimise ``objective`` from now on (``features.OBJECTIVES``)."""
+        if objective not in OBJECTIVES:
+            raise ValueError(f"unknown objective {objective!r}; known: {', '.join(OBJECTIVES)}")
+        with self._lock:
+            if objective != self.objective:
+                self.objective = objective
+                if self._context is not None:
+                    self._new_context(FeatureContext(self._context.target, objective))
 
     def _new_context(self, context: FeatureContext) -> None:
         self._context = context
@@ -180,7 +213,7 @@ class OnnxModelPolicy(PolicyBase):
         before, self._seen = self._seen, self._seen + len(pods)
         if self._context is None or any(before < g <= self._seen for g in TARGET_GROWTH) \
                 or self._seen // TARGET_GROWTH[-1] > before // TARGET_GROWTH[-1]:
-            self._new_context(FeatureContext.from_workload(list(self._recent)))
+            self._new_context(FeatureContext.from_workload(list(self._recent), self.objective))
 
     @staticmethod
     def _key(state: ClusterState) -> tuple:
@@ -197,7 +230,7 @@ class OnnxModelPolicy(PolicyBase):
             np.array_equal(getattr(state, a), getattr(ref, a)) for a in ("cpu_cap", "mem_cap", "pods_cap", "gpu_count"))
         if not same:
             if self._nodes:
-                self._new_context(FeatureContext(self._context.target))
+                self._new_context(FeatureContext(self._context.target, self.objective))
             self._nodes, self._node_key, self._ref = state.nodes, key, state
             return state
         return replace(state, nodes=self._nodes)
@@ -209,7 +242,16 @@ class OnnxModelPolicy(PolicyBase):
         with self._lock:
             self._note(pods, state)
             state = self._canonical(state)
-            return build_graph(pods, state, [np.asarray(c, np.int64) for c in candidates], self._context)
+            return self._inputs(build_graph(pods, state, [np.asarray(c, np.int64) for c in candidates], self._context))
+
+    def _inputs(self, g: HeteroGraph) -> HeteroGraph:
+        """``g`` with the feature columns this model reads (the same graph when it reads them all)."""
+        node, pod, edge = self._cols["node"], self._cols["pod"], self._cols["edge"]
+        if node is None and pod is None and edge is None:
+            return g
+        return replace(g, node_x=g.node_x if node is None else np.ascontiguousarray(g.node_x[:, node]),
+                       pod_x=g.pod_x if pod is None else np.ascontiguousarray(g.pod_x[:, pod]),
+                       cand_attr=g.cand_attr if edge is None else np.ascontiguousarray(g.cand_attr[:, edge]))
 
     def node_embeddings(self, g: HeteroGraph) -> np.ndarray:
         with self._lock:
@@ -255,9 +297,9 @@ class OnnxModelPolicy(PolicyBase):
             return []
         with self._lock:
             self._note(pods, state)
-            reps, group = identical_pods(pods, candidates_list)
-            g = build_graph([pods[k] for k in reps], self._canonical(state),
-                            [np.asarray(candidates_list[k], np.int64) for k in reps], self._context)
+            reps, group = identical_pods(pods, candidates_list, self._context.objective)
+            g = self._inputs(build_graph([pods[k] for k in reps], self._canonical(state),
+                                         [np.asarray(candidates_list[k], np.int64) for k in reps], self._context))
             logits = self.forward(g)[1].astype(np.float64)
         scores = np.split(logits, np.cumsum([len(candidates_list[k]) for k in reps])[:-1])
         return [scores[j].copy() for j in group]
@@ -298,8 +340,8 @@ class OnnxModelPolicy(PolicyBase):
         keep = np.argsort(-logits, kind="stable")[:EXPLAIN_TOP]  # best first
         nodes = g.cand_node[keep]
         k = keep.size
-        feats = [("edge", j, f"edge.{f}") for j, f in enumerate(EDGE_FEATURES)] + \
-                [("node", j, f"node.{f}") for j, f in enumerate(NODE_FEATURES)]
+        feats = [("edge", j, f"edge.{f}") for j, f in enumerate(self._names["edge"])] + \
+                [("node", j, f"node.{f}") for j, f in enumerate(self._names["node"])]
         copies = 1 + len(feats)
         attr = np.tile(g.cand_attr[keep], (copies, 1))  # (copies * k, F_EDGE)
         node_x = np.tile(g.node_x[nodes], (copies, 1))  # one block of node rows per copy

@@ -137,7 +137,7 @@ def score_ls_gain(pod: Pod, state: ClusterState, candidates: np.ndarray,
     own = (after > threshold).astype(np.float64) if pod.qos == LS_QOS else out
     if not crossing.any() and not own.any():
         return out
-    ls_nodes = np.array([sum(p.qos == LS_QOS for p in pods) for pods in state.bound], dtype=np.float64)
+    ls_nodes = pod_index(state).ls.astype(np.float64)  # LS pods per node, kept current by bind/unbind
     total0 = float(ls_nodes.sum())
     total1 = total0 + (pod.qos == LS_QOS)  # LS pods running with ``pod`` bound
     if total1 == 0:  # no LS pod anywhere: nothing to lose

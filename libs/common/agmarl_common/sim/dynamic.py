@@ -27,11 +27,13 @@ import numpy as np
 from agmarl_common.cluster import model
 from agmarl_common.cluster.filters import feasible_nodes, filter_node, violations
 from agmarl_common.cluster.model import GPU_MILLI, ClusterState, Node, Pod
-from agmarl_common.policies.base import Policy, select_node
+from agmarl_common.policies.base import Policy, brief, select_node
 from agmarl_common.sim import metrics
 from agmarl_common.sim.dynamic_state import (  # noqa: F401  (plain data and metrics: re-exported, part of this module's API)
     EVENT_TYPES, RESTART_POLICIES, BindOutcome, DynamicResult, PendingPod, RunInfo, SimConfig, SimCounters,
     SimEvent, SimState, _record, snapshot_stats)
+
+OBJECTIVE = "composite"  # what this harness measures (features.OBJECTIVES): the composite reward
 
 
 def _log(log: tuple, values: list[float] | tuple[float, ...]) -> tuple:
@@ -325,6 +327,7 @@ def run(policy: Policy, nodes: list[Node] | tuple[Node, ...], workload: list[Pod
     ``violations(state)`` (the whole-state legality check) runs on the final state and, when
     ``check_every > 0``, at every ``check_every``-th record point too (it is O(pods^2) with anti-affinity).
     """
+    brief(policy, objective=OBJECTIVE)  # a learned policy is asked for what this harness measures
     state = reset(nodes, workload, config, seed)
     retry: dict[str, tuple[float, float]] = {}
     every = max(1, round(record_every / config.tick_s))

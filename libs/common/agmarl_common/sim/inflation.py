@@ -27,11 +27,12 @@ import numpy as np
 
 from agmarl_common.cluster.filters import feasible_mask
 from agmarl_common.cluster.model import GPU_MILLI, MAX_GPUS, ClusterState, Node, Pod, bind
-from agmarl_common.policies.base import Policy
+from agmarl_common.policies.base import Policy, brief
 from agmarl_common.sim.fragmentation import TargetWorkload, node_frag_amount, target_workload
 
 FilterFn = Callable[[Pod, ClusterState], np.ndarray]
 MAX_ARRIVED_PCT = 130
+OBJECTIVE = "allocation"  # what this protocol measures (features.OBJECTIVES): GPU allocation
 
 
 def inflate_workload(workload: Sequence[Pod], total_gpu_milli: int, rng: np.random.Generator,
@@ -134,7 +135,8 @@ def run_inflation(nodes: Sequence[Node], workload: Sequence[Pod], policy: Policy
 
     ``target`` is the workload distribution fragmentation is measured against (default: the
     paper's typical pods of ``workload``). A policy with ``observe_workload(pods)`` is told the
-    workload first, as the paper's simulator tells its plugins.
+    workload first, as the paper's simulator tells its plugins; a policy with ``set_objective(name)``
+    (the learned one) is told the protocol's ``OBJECTIVE``, GPU allocation.
 
     ``tie_break``: ``"node-order"`` (default) gives a tied pod the first node in a per-run random
     node order drawn from ``rng`` after the arrivals, which is what reproduces the paper's
@@ -150,9 +152,7 @@ def run_inflation(nodes: Sequence[Node], workload: Sequence[Pod], policy: Policy
     arrivals = inflate_workload(workload, total, rng, ratio)
     rank = rng.permutation(state.n_nodes) if tie_break == "node-order" else None
     target = target if target is not None else target_workload(workload)
-    observe = getattr(policy, "observe_workload", None)
-    if callable(observe):
-        observe(workload)
+    brief(policy, workload, OBJECTIVE)
     access = target.accessible(state.gpu_model)
     frag = node_frag_amount(state.cpu_cap - state.cpu_used, state.gpu_free(), access, target)
     n = len(arrivals)

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from agmarl_common.cluster.model import GPU_MILLI, ClusterState
+from agmarl_common.cluster.specs import LS_QOS
 
 SLA_CPU_THRESHOLD = 0.8
-LS_QOS = "LS"
 
 
 def utilisation(cluster: ClusterState) -> dict[str, float]:

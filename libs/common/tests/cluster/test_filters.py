@@ -427,6 +427,7 @@ def _rich_pod(rng, name: str) -> Pod:
             int(rng.integers(1, 3)), str(rng.choice((ZONE_LABEL, HOSTNAME_LABEL, "rack"))),
             str(rng.choice(["DoNotSchedule", "DoNotSchedule", "ScheduleAnyway"])), _rich_selector(rng),
             int(rng.integers(1, 4))) for _ in range(int(rng.integers(1, 3))))
+    kw["qos"] = str(rng.choice(["LS", "BE", ""]))  # the index counts LS pods per node
     return replace(base, **kw)
 
 
@@ -509,7 +510,7 @@ def _index_view(s: ClusterState) -> tuple:
     idx = pod_index(s)
     return ({k: v[-1].tolist() for k, v in idx.groups.items()}, dict(idx.group_pairs),
             {k: v[-1].tolist() for k, v in idx.anti.items()}, dict(idx.anti_pairs),
-            idx.zero_cpu.tolist(), idx.zero_mem.tolist())
+            idx.zero_cpu.tolist(), idx.zero_mem.tolist(), idx.ls.tolist())
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -522,7 +523,7 @@ def test_pod_index_kept_by_bind_unbind_equals_a_rebuild(seed):
     assert _index_view(s) == _index_view(replace(s, pods_by_label=fresh))
     for p in s.all_pods():  # drain: every count and bucket goes away
         s = unbind_at(s, s.index[p.node_name], p.key)
-    assert _index_view(s) == ({}, {}, {}, {}, [0] * 12, [0] * 12)
+    assert _index_view(s) == ({}, {}, {}, {}, [0] * 12, [0] * 12, [0] * 12)
 
 
 def test_unbind_at_equals_unbind_and_ignores_a_wrong_node():
