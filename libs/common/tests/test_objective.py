@@ -106,3 +106,19 @@ def test_each_harness_tells_the_policy_its_objective():
     policy = Recording()
     dynamic.run(policy, snodes, spods, dynamic.SimConfig(horizon_s=60), seed=1)
     assert policy.objectives == [dynamic.OBJECTIVE] == ["composite"]
+
+
+def test_the_gain_follows_the_reward_scheme():
+    from agmarl_common.policies.rewardaware import RewardAwareConfig
+
+    state, pods = busy_synthetic()
+    cands = [feasible_nodes(p, state) for p in pods[:8]]
+    for scheme in ("fixed", "load_conditional", "lexicographic"):
+        gain = objective_gains(pods[:8], state, cands, "composite", scheme)
+        off = 0
+        for pod, c in zip(pods[:8], cands):
+            score = RewardAwarePolicy(RewardAwareConfig(scheme=scheme)).score(pod, state, c)
+            col = gain[off:off + c.size]
+            off += c.size
+            if np.ptp(score) > 0:
+                assert np.allclose(col, (score - score.max()) / np.ptp(score))

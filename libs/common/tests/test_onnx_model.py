@@ -20,7 +20,7 @@ import pytest
 from agmarl_common import modelstore
 from agmarl_common.cluster.filters import feasible_nodes
 from agmarl_common.cluster.model import ClusterState, bind
-from agmarl_common.features import EDGE_FEATURES, POD_FEATURES, build_graph, device_for
+from agmarl_common.features import EDGE_FEATURES, POD_FEATURES, build_graph, device_for, objective_gains
 from agmarl_common.policies.onnx_model import EncoderCache, OnnxModelPolicy, make_session
 from agmarl_common.policies.registry import get_policy
 from agmarl_common.sim import traces
@@ -218,6 +218,12 @@ def test_set_objective_switches_the_objective_inputs(smoke_model, openb):
     assert policy.score(pod, state, cand).shape == cand.shape
     with pytest.raises(ValueError, match="unknown objective"):
         policy.set_objective("throughput")
+    conditional = OnnxModelPolicy(modelstore.load_local(str(smoke_model)), scheme="load_conditional")
+    conditional.observe_workload(pods)
+    want = objective_gains([pod], state, [cand], "composite", "load_conditional")
+    assert np.allclose(conditional.graph([pod], state, [cand]).cand_attr[:, gain], want)
+    with pytest.raises(ValueError, match="unknown reward scheme"):
+        OnnxModelPolicy(modelstore.load_local(str(smoke_model)), scheme="greedy")
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "models").iterdir() if (p / "manifest.json").is_file()))

@@ -87,7 +87,8 @@ class ModelRegistry:
         """Verify + build in a worker thread; failures are counted, never raised."""
         try:
             objective = getattr(self.rt.settings, "objective", "composite")
-            policy = await asyncio.to_thread(lambda: OnnxModelPolicy(load(), objective=objective))
+            scheme = getattr(self.rt.settings, "scheme", "fixed")
+            policy = await asyncio.to_thread(lambda: OnnxModelPolicy(load(), objective=objective, scheme=scheme))
         except modelstore.ModelNotFoundError as err:
             self._fail("not_found", err)
             return None

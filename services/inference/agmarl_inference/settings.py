@@ -25,3 +25,6 @@ class InferenceSettings(CommonSettings):
     # what learned models optimise (features.OBJECTIVES): the composite reward, or GPU allocation (packing
     # GPU jobs the FGD way, the openb inflation protocol's measure)
     objective: Literal["composite", "allocation"] = "composite"
+    # the composite reward's weighting scheme (the reward-calculator's AGMARL_SCHEME: set both with one
+    # variable); weights the model's reward_gain input
+    scheme: Literal["fixed", "load_conditional", "lexicographic"] = "fixed"

@@ -18,3 +18,13 @@ def test_an_unknown_objective_is_refused_at_start(monkeypatch):
     monkeypatch.setenv("AGMARL_OBJECTIVE", "throughput")
     with pytest.raises(ValidationError, match="objective"):
         load_settings(InferenceSettings)
+
+
+def test_scheme_follows_the_reward_calculators_variable(monkeypatch):
+    monkeypatch.delenv("AGMARL_SCHEME", raising=False)
+    assert load_settings(InferenceSettings).scheme == "fixed"
+    monkeypatch.setenv("AGMARL_SCHEME", "load_conditional")
+    assert load_settings(InferenceSettings).scheme == "load_conditional"
+    monkeypatch.setenv("AGMARL_SCHEME", "greedy")
+    with pytest.raises(ValidationError, match="scheme"):
+        load_settings(InferenceSettings)

@@ -32,6 +32,7 @@ from agmarl_common.features import (EDGE_FEATURES, NODE_FEATURES, OBJECTIVES, PO
                                     build_graph, device_for, identical_pods)
 from agmarl_common.policies.base import PolicyBase
 from agmarl_common.policies.registry import MODEL_PREFIX  # noqa: F401  (re-exported)
+from agmarl_common.reward import SCHEMES
 
 EXPLAIN_TOP = 8  # candidates kept for feature contributions
 TARGET_GROWTH = (16, 64, 256, 1024)  # seen-pod counts at which an implicit target workload is rebuilt
@@ -150,12 +151,16 @@ class OnnxModelPolicy(PolicyBase):
     it, from the pods the policy has seen (bound pods of the first state and every pod scored), rebuilt as
     that sample grows (``TARGET_GROWTH``). ``objective`` (``features.OBJECTIVES``; ``set_objective``) is
     what the model is asked to optimise: the composite reward (default) or GPU allocation (the inflation
-    protocol). The model is fed the feature columns its manifest names (``input_columns``)."""
+    protocol); ``scheme`` (``reward.SCHEMES``) weights the composite reward's ``reward_gain`` input. The
+    model is fed the feature columns its manifest names (``input_columns``)."""
 
-    def __init__(self, artifact: modelstore.ModelArtifact, max_share: float = 0.25, objective: str = "composite"):
+    def __init__(self, artifact: modelstore.ModelArtifact, max_share: float = 0.25, objective: str = "composite",
+                 scheme: str = "fixed"):
         if objective not in OBJECTIVES:
             raise ValueError(f"unknown objective {objective!r}; known: {', '.join(OBJECTIVES)}")
-        self.objective = objective
+        if scheme not in SCHEMES:
+            raise ValueError(f"unknown reward scheme {scheme!r}; known: {', '.join(SCHEMES)}")
+        self.objective, self.scheme = objective, scheme
         self.artifact = artifact
         self.version = artifact.version
         self.name = f"{MODEL_PREFIX}{artifact.version}"
@@ -186,7 +191,7 @@ class OnnxModelPolicy(PolicyBase):
     def observe_workload(self, pods: Sequence[Pod]) -> None:
         with self._lock:
             self._observed = True
-            self._new_context(FeatureContext.from_workload(pods, self.objective))
+            self._new_context(FeatureContext.from_workload(pods, self.objective, self.scheme))
 
     def set_objective(self, objective: str) -> None:
         """Optimise ``objective`` from now on (``features.OBJECTIVES``)."""
@@ -196,7 +201,7 @@ class OnnxModelPolicy(PolicyBase):
             if objective != self.objective:
                 self.objective = objective
                 if self._context is not None:
-                    self._new_context(FeatureContext(self._context.target, objective))
+                    self._new_context(FeatureContext(self._context.target, objective, self.scheme))
 
     def _new_context(self, context: FeatureContext) -> None:
         self._context = context
@@ -213,7 +218,7 @@ class OnnxModelPolicy(PolicyBase):
         before, self._seen = self._seen, self._seen + len(pods)
         if self._context is None or any(before < g <= self._seen for g in TARGET_GROWTH) \
                 or self._seen // TARGET_GROWTH[-1] > before // TARGET_GROWTH[-1]:
-            self._new_context(FeatureContext.from_workload(list(self._recent), self.objective))
+            self._new_context(FeatureContext.from_workload(list(self._recent), self.objective, self.scheme))
 
     @staticmethod
     def _key(state: ClusterState) -> tuple:
@@ -230,7 +235,7 @@ class OnnxModelPolicy(PolicyBase):
             np.array_equal(getattr(state, a), getattr(ref, a)) for a in ("cpu_cap", "mem_cap", "pods_cap", "gpu_count"))
         if not same:
             if self._nodes:
-                self._new_context(FeatureContext(self._context.target, self.objective))
+                self._new_context(FeatureContext(self._context.target, self.objective, self.scheme))
             self._nodes, self._node_key, self._ref = state.nodes, key, state
             return state
         return replace(state, nodes=self._nodes)
