@@ -175,7 +175,9 @@ def _check_shape(verb: str, request: dict, recorded, answer) -> None:
 async def test_every_recorded_sample_has_the_recorded_shape(nats_url):
     requests = sorted(SAMPLES.glob("*-request.wire.json"))
     assert len(requests) >= 30 and {_verb(p) for p in requests} == {"filter", "prioritize", "bind", "preempt"}
-    async with running(nats_url) as r:
+    # a generous budget: this test checks what the answers say, not how fast they come (on a loaded machine a
+    # 100 ms budget can run out and give default scores; the budget has its own tests)
+    async with running(nats_url, extender_budget_ms=2000) as r:
         for path in requests:
             verb = _verb(path)
             headers = dict(line.split(": ", 1) for line in
