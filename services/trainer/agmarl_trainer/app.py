@@ -57,7 +57,7 @@ def write_result(path: str | Path, body: dict) -> None:
 
 
 def run_job(config_path: str, incumbent: dict, experience_path: str, out_dir: str, runs_dir: str,
-            result_path: str, force: bool) -> None:
+            result_path: str, force: bool, objective: str = "composite", scheme: str = "fixed") -> None:
     """Worker process: ``finetune.run_finetune``, its result (or the error) as JSON in ``result_path``.
 
     It leads its own process group, so stopping the run stops its rollout workers too (``_stop``)."""
@@ -65,7 +65,8 @@ def run_job(config_path: str, incumbent: dict, experience_path: str, out_dir: st
 
     os.setsid()
     try:
-        body = run_finetune(config_path, Incumbent(**incumbent), experience_path, out_dir, runs_dir, force=force)
+        body = run_finetune(config_path, Incumbent(**incumbent), experience_path, out_dir, runs_dir, force=force,
+                            objective=objective, scheme=scheme)
     except Exception as err:  # reported to the requester as "failed"
         body = {"rc": 1, "error": f"{type(err).__name__}: {err}"}
     write_result(result_path, body)
@@ -203,7 +204,7 @@ class TrainerApp:
             # not daemonic: the run starts its own rollout worker processes
             proc = multiprocessing.get_context("spawn").Process(target=run_job, args=(
                 str(config), incumbent, str(work / "experience.jsonl"), str(out), str(work / "runs"), str(result),
-                forced(req)))
+                forced(req), self.settings.objective, self.settings.scheme))
             self.proc = proc
             proc.start()
             await self._status(req, "running", f"fine-tuning {incumbent['policy']} with {config.name} and {n} "

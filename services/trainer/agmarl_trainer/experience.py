@@ -105,11 +105,12 @@ def reward_threshold(rewards: Sequence[float], quantile: float = 0.5) -> float:
     return float(np.quantile(np.asarray(rewards, float), quantile)) if len(rewards) else float("inf")
 
 
-def experience_samples(transitions: Iterable[m.Experience], quantile: float = 0.5,
-                       max_samples: int = 0) -> tuple[list[Sample], dict[str, int]]:
+def experience_samples(transitions: Iterable[m.Experience], quantile: float = 0.5, max_samples: int = 0,
+                       objective: str = "composite", scheme: str = "fixed") -> tuple[list[Sample], dict[str, int]]:
     """Imitation samples from the decisions at or above the ``quantile`` of reward, and counts by outcome
     (``used``, ``below_threshold`` and the ``decode_decision`` reasons). ``max_samples`` > 0 keeps the most
-    recent ones."""
+    recent ones. The graphs carry the deployment's ``objective`` and reward ``scheme`` (the inputs the
+    serving model saw)."""
     counts: dict[str, int] = {}
     decisions: list[Decision] = []
     for exp in transitions:
@@ -123,12 +124,12 @@ def experience_samples(transitions: Iterable[m.Experience], quantile: float = 0.
     kept = above[-max_samples:] if max_samples > 0 else above
     counts["below_threshold"] = len(decisions) - len(above)
     counts["used"] = len(kept)
-    return [decision_sample(d) for d in kept], counts
+    return [decision_sample(d, objective, scheme) for d in kept], counts
 
 
-def decision_sample(d: Decision) -> Sample:
+def decision_sample(d: Decision, objective: str = "composite", scheme: str = "fixed") -> Sample:
     """The graph of the one pending pod on the state it saw, labelled with the candidate it was bound to."""
-    graph = build_graph([d.pod], d.state, [d.candidates], FeatureContext.from_workload(d.workload))
+    graph = build_graph([d.pod], d.state, [d.candidates], FeatureContext.from_workload(d.workload, objective, scheme))
     return Sample(graph, np.array([d.choice], np.int64), reward=d.reward)
 
 

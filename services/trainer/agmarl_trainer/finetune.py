@@ -179,8 +179,10 @@ def export_model(net: PolicyNet, cfg: TrainConfig, out: Path, training: dict, ev
 
 
 def run_finetune(config_path: str | Path, inc: Incumbent, experience_path: str | Path, out_dir: str | Path,
-                 runs_dir: str | Path, force: bool = False, rule: GateRule = GateRule()) -> dict:
-    """Fine-tune, evaluate, gate, export when promoted (or ``force``); returns the result (JSON-able)."""
+                 runs_dir: str | Path, force: bool = False, rule: GateRule = GateRule(),
+                 objective: str = "composite", scheme: str = "fixed") -> dict:
+    """Fine-tune, evaluate, gate, export when promoted (or ``force``); returns the result (JSON-able).
+    ``objective`` / ``scheme``: the deployment's, for the graphs of the recorded decisions."""
     t0 = time.monotonic()
     cfg = load_config(config_path)
     torch.set_num_threads(max(1, cfg.torch_threads))
@@ -192,7 +194,7 @@ def run_finetune(config_path: str | Path, inc: Incumbent, experience_path: str |
     try:
         sim = [s for episode, _ in run_tasks(expert_tasks(cfg, rng), cfg.workers) for s in episode]
         transitions = read_experience(experience_path)
-        exp, counts = experience_samples(transitions)
+        exp, counts = experience_samples(transitions, objective=objective, scheme=scheme)
         history = fit(net, sim + exp, cfg, rng, log)
     finally:
         log.close()

@@ -15,6 +15,7 @@ from agmarl_common.bus import Bus
 from agmarl_common.cluster.compact import compact_state
 from agmarl_common.cluster.model import ClusterState, Node, Pod, bind, state_from_dict, state_to_dict, to_dict
 from agmarl_common.testing import wait_healthy
+from agmarl_common.features import POD_FEATURES
 from agmarl_trainer.experience import ExperienceBuffer, decode_decision, experience_samples, read_experience, \
     reward_threshold
 
@@ -80,6 +81,10 @@ def test_the_compact_form_of_the_reward_calculator_decodes():
     samples, counts = experience_samples([compact_exp(HUGE, "gpu"), compact_exp(WEB, "small")], quantile=0.0)
     assert counts["used"] == 2 and [NODES[int(s.graph.cand_node[s.action[0]])].name for s in samples] == \
         ["gpu", "small"]
+    flag = POD_FEATURES.index("objective_composite")
+    assert all(s.graph.pod_x[0, flag] == 1.0 for s in samples)  # the deployment's objective (default composite)
+    packing, _ = experience_samples([compact_exp(HUGE, "gpu")], quantile=0.0, objective="allocation")
+    assert packing[0].graph.pod_x[0, flag] == 0.0 and not packing[0].graph.cand_attr[:, -1].any()
 
 
 @pytest.mark.parametrize("e,why", [
