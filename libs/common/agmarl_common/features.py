@@ -41,8 +41,8 @@ from agmarl_common.cluster.model import GPU_MILLI, MAX_GPUS, ClusterState, Pod, 
 from agmarl_common.features_edges import POD_HALF, RACK_HALF, ZONE_HALF, node_edges, pod_edges  # noqa: F401
 from agmarl_common.features_nodes import node_feature_rows, node_order_keys  # noqa: F401  (re-exported)
 from agmarl_common.features_pairs import (  # noqa: F401  (pair inputs: re-exported, part of this module's API)
-    CPU_SCALE, EDGE_FEATURES, F_EDGE, FRAG_SCALE, GPU_SCALE, MEM_SCALE, OBJECTIVES, current_memos, gpu_left,
-    objective_gains, pair_features, pair_features_batch, placement_frag, placement_frag_many, shape_jobs)
+    CPU_SCALE, EDGE_FEATURES, F_EDGE, FRAG_SCALE, GPU_SCALE, MEM_SCALE, OBJECTIVES, check_objective, current_memos,
+    gpu_left, objective_gains, pair_features, pair_features_batch, placement_frag, placement_frag_many, shape_jobs)
 from agmarl_common.sim.fragmentation import TargetWorkload, pod_shape, target_workload
 
 NODE_FEATURES = (
@@ -111,8 +111,7 @@ class FeatureContext:
     _shape_prob: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.objective not in OBJECTIVES:
-            raise ValueError(f"unknown objective {self.objective!r}; known: {', '.join(OBJECTIVES)}")
+        check_objective(self.objective)
 
     @staticmethod
     def from_workload(pods: Sequence[Pod], objective: str = "composite", scheme: str = "fixed") -> "FeatureContext":

@@ -28,6 +28,13 @@ EDGE_FEATURES = ("cpu_left", "mem_left", "gpu_left", "gpu_left_frac", "frag_delt
 F_EDGE = len(EDGE_FEATURES)  # 15
 OBJECTIVES = ("composite", "allocation")  # what the scheduler optimises (``FeatureContext.objective``)
 
+
+def check_objective(objective: str) -> str:
+    """``objective`` when it is one of ``OBJECTIVES``, else ValueError naming them."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r}; known: {', '.join(OBJECTIVES)}")
+    return objective
+
 CPU_SCALE = 128_000.0  # milli-cpu of a large node
 MEM_SCALE = 1_048_576.0  # MiB of a large node
 GPU_SCALE = float(MAX_GPUS * GPU_MILLI)
@@ -178,8 +185,7 @@ def objective_gains(pods: Sequence[Pod], state: ClusterState, candidates: Sequen
     reward of ``scheme``, plus kube-default's preference plugins) rescaled within the pod to [-1, 0]
     (its best candidate 0, its worst -1; all 0 when they tie); 0 everywhere under ``allocation`` (the
     GPU-packing objective of the inflation protocol, which the composite reward does not measure)."""
-    if objective not in OBJECTIVES:
-        raise ValueError(f"unknown objective {objective!r}; known: {', '.join(OBJECTIVES)}")
+    check_objective(objective)
     sizes = [len(c) for c in candidates]
     if objective != "composite":
         return np.zeros(int(sum(sizes)))

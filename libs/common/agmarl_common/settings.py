@@ -13,7 +13,7 @@ import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict
@@ -36,6 +36,17 @@ class CommonSettings(BaseModel):
     max_message_bytes: int = MAX_MESSAGE_BYTES
     log_level: str = "INFO"
     parent_pid: int = 0  # when set (by `agmarl up`), the service stops itself if that process goes away
+
+
+class ModelInputSettings(CommonSettings):
+    """What a service that builds the learned policy's inputs needs (inference serves them, the trainer
+    turns recorded decisions into training graphs): the objective the models optimise (``features.OBJECTIVES``:
+    the composite reward, or GPU allocation, the openb inflation protocol's measure; ``AGMARL_OBJECTIVE``) and
+    the composite reward's weighting scheme that weights ``reward_gain`` (``AGMARL_SCHEME``, the variable the
+    reward-calculator reads: one setting for all three)."""
+
+    objective: Literal["composite", "allocation"] = "composite"
+    scheme: Literal["fixed", "load_conditional", "lexicographic"] = "fixed"
 
 
 def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:

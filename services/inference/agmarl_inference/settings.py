@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
-from agmarl_common.settings import CommonSettings
+from agmarl_common.settings import ModelInputSettings
 
 
-class InferenceSettings(CommonSettings):
+class InferenceSettings(ModelInputSettings):
     queue_group: str = "inference"  # replicas share graph requests through this NATS queue group
     baseline_policy: str = "kube-resources"  # default scoring used as fallback and for blending
     rollout_mode: str = "full"  # shadow | recommend | canary | hybrid | full
@@ -22,9 +20,3 @@ class InferenceSettings(CommonSettings):
     max_body_bytes: int = 16 * 1024 * 1024
     extender_path_prefixes: list[str] = ["", "/ext"]  # the verbs are served under each (scheduler urlPrefix)
     explain_model: bool = True  # add the model's attention / feature contributions to each loop decision
-    # what learned models optimise (features.OBJECTIVES): the composite reward, or GPU allocation (packing
-    # GPU jobs the FGD way, the openb inflation protocol's measure)
-    objective: Literal["composite", "allocation"] = "composite"
-    # the composite reward's weighting scheme (the reward-calculator's AGMARL_SCHEME: set both with one
-    # variable); weights the model's reward_gain input
-    scheme: Literal["fixed", "load_conditional", "lexicographic"] = "fixed"

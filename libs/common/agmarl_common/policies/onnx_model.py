@@ -28,8 +28,8 @@ import onnxruntime as ort
 
 from agmarl_common import modelstore
 from agmarl_common.cluster.model import ClusterState, Pod
-from agmarl_common.features import (EDGE_FEATURES, NODE_FEATURES, OBJECTIVES, POD_FEATURES, FeatureContext, HeteroGraph,
-                                    build_graph, device_for, identical_pods)
+from agmarl_common.features import (EDGE_FEATURES, NODE_FEATURES, POD_FEATURES, FeatureContext, HeteroGraph, build_graph,
+                                    check_objective, device_for, identical_pods)
 from agmarl_common.policies.base import PolicyBase
 from agmarl_common.policies.registry import MODEL_PREFIX  # noqa: F401  (re-exported)
 from agmarl_common.reward import SCHEMES
@@ -156,8 +156,7 @@ class OnnxModelPolicy(PolicyBase):
 
     def __init__(self, artifact: modelstore.ModelArtifact, max_share: float = 0.25, objective: str = "composite",
                  scheme: str = "fixed"):
-        if objective not in OBJECTIVES:
-            raise ValueError(f"unknown objective {objective!r}; known: {', '.join(OBJECTIVES)}")
+        check_objective(objective)
         if scheme not in SCHEMES:
             raise ValueError(f"unknown reward scheme {scheme!r}; known: {', '.join(SCHEMES)}")
         self.objective, self.scheme = objective, scheme
@@ -195,8 +194,7 @@ class OnnxModelPolicy(PolicyBase):
 
     def set_objective(self, objective: str) -> None:
         """Optimise ``objective`` from now on (``features.OBJECTIVES``)."""
-        if objective not in OBJECTIVES:
-            raise ValueError(f"unknown objective {objective!r}; known: {', '.join(OBJECTIVES)}")
+        check_objective(objective)
         with self._lock:
             if objective != self.objective:
                 self.objective = objective
