@@ -46,12 +46,12 @@ def brief(policy: Policy, workload: Sequence[Pod] | None = None, objective: str 
     """Tell ``policy`` what a harness runs, where it asks: the workload (``observe_workload(pods)``: FGD and
     the learned policy measure fragmentation against it, as the FGD paper's simulator tells its plugins)
     and the objective the harness measures (``set_objective(name)``: the learned policy)."""
+    set_objective = getattr(policy, "set_objective", None)
+    if objective is not None and callable(set_objective):  # first: the workload's context is then built once
+        set_objective(objective)
     observe = getattr(policy, "observe_workload", None)
     if workload is not None and callable(observe):
         observe(workload)
-    set_objective = getattr(policy, "set_objective", None)
-    if objective is not None and callable(set_objective):
-        set_objective(objective)
 
 
 def select_node(policy: Policy, pod: Pod, state: ClusterState, candidates: np.ndarray) -> int | None:
