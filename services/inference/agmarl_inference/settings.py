@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from agmarl_common.settings import ModelInputSettings
+from agmarl_common import settings as common  # the module: its classes are not this service's settings classes
 
 
-class InferenceSettings(ModelInputSettings):
+class InferenceSettings(common.ModelInputSettings):
     queue_group: str = "inference"  # replicas share graph requests through this NATS queue group
     baseline_policy: str = "kube-resources"  # default scoring used as fallback and for blending
     rollout_mode: str = "full"  # shadow | recommend | canary | hybrid | full
