@@ -52,8 +52,8 @@ async def _read(bus: Bus) -> tuple[m.PolicySelection | None, list[dict]]:
     raw = await bus.kv_get(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY)
     history = hist.decode_history(await bus.kv_get(subjects.CONFIG_BUCKET, hist.KEY_POLICY_HISTORY))
     sel = m.decode(m.PolicySelection, raw) if raw else None
-    if sel is not None and (not history or not hist.same_choice(history[-1], sel.model_dump())):
-        history = hist.push(history, sel.model_dump(exclude={"v"}))
+    if sel is not None:
+        history = hist.with_active(history, sel.model_dump(exclude={"v"}))
     return sel, history
 
 

@@ -91,8 +91,7 @@ class AdaptiveController:
         self.stats_first: Mapping[str, float] | None = None
         self.stats_last: Mapping[str, float] = {}
         self.active: dict[str, Any] = dict(active)
-        self.history = list(history) if history and hist.same_choice(history[-1], active) \
-            else hist.push(history, active)
+        self.history = hist.with_active(history, active)
         self.switched_at = now
         self.library, self.superseded = cfg.library, {}
         for entry in self.history:  # a restart: the promotions still in the history
@@ -107,13 +106,14 @@ class AdaptiveController:
     # --- inputs ---------------------------------------------------------------------------------
 
     def adopt(self, selection: Mapping[str, Any], history: list[dict[str, Any]], now: float) -> None:
-        """A selection made elsewhere (the CLI) became active: judge it from now on."""
+        """A selection made elsewhere (the CLI) became active: judge it from now on. ``history`` is the KV
+        history as read, which may not hold the selection yet (``hist.with_active``)."""
         recent = self.rewards[-self.cfg.guard.window:]
         self._reset_windows(now)
         if len(recent) >= self.cfg.guard.min_samples:
             self.reference = sum(recent) / len(recent)
         self.active = dict(selection)
-        self.history = list(history) if history else hist.push(self.history, selection)
+        self.history = hist.with_active(history or self.history, selection)
         self.explore_until = None
         self._follow(selection)
 

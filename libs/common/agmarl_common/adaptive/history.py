@@ -53,6 +53,15 @@ def push(history: Sequence[Entry], entry: Entry, max_len: int = MAX_HISTORY) -> 
     return [dict(e) for e in history][-(max_len - 1):] + [dict(entry)]
 
 
+def with_active(history: Sequence[Entry], active: Entry) -> list[dict[str, Any]]:
+    """``history`` ending with the ``active`` selection. A writer puts the selection and then the
+    history in two KV writes, so a reader between them sees the new selection with the old history:
+    the selection is pushed then, or a rollback would start from the entry before it."""
+    if history and same_choice(history[-1], active):
+        return [dict(e) for e in history]
+    return push(history, active)
+
+
 def rollback_index(history: Sequence[Entry]) -> int | None:
     """Index of the entry a rollback returns to, or None."""
     if not history:

@@ -78,6 +78,21 @@ def test_external_selection_is_judged_on_its_own_rewards_and_held_from_the_gate(
     assert sw.kind == "rollback" and sw.selection["policy"] == "kube-resources" and "dropped" in sw.selection["reason"]
 
 
+def test_adopting_a_selection_read_before_its_history_rolls_back_from_that_selection():
+    """The CLI writes the selection, then the history (two KV writes): a reader in between sees the new
+    selection with the old history; the rollback must still name the adopted selection as the one left
+    (a CI run of test_bad_model_rollback once saw ``previous`` = the baseline)."""
+    c = controller()
+    manual = dict(BASE, policy="model:bad", reason="manual: try it", previous="kube-resources", time=10.0)
+    c.adopt(manual, [BASE], now=10.0)  # the history without the selection
+    assert [e["policy"] for e in c.history] == ["kube-resources", "model:bad"]
+    for k in range(5):
+        c.on_reward(0.05, 11.0 + k)
+    [sw] = c.tick(20.0)
+    assert (sw.kind, sw.selection["policy"], sw.selection["previous"]) == ("rollback", "kube-resources", "model:bad")
+    assert sw.evidence["rolled_back"] == "model:bad" and c.quarantine["model:bad"] == 20.0 + 1000.0
+
+
 def test_exploration_only_in_canary_scope_and_for_one_period():
     off = controller()
     assert off.tick(0.0, u=0.0, features=RegimeFeatures(load=0.3)) == []
