@@ -1,9 +1,8 @@
 """The kube-scheduler HTTP extender: filter, prioritize, bind (and preempt passthrough).
 
-Wire format as kube-scheduler v1.36 sends and accepts it (recorded in /work/shared/k8s/): capitalised
-Go field names (``ExtenderArgs{Pod, Nodes, NodeNames}``, ``ExtenderFilterResult``, ``[{Host, Score}]``
-with scores 0..10, ``ExtenderBindingArgs`` / ``ExtenderBindingResult``), always HTTP 200 for a
-well-formed request. Keys are matched case-insensitively on input, as Go's encoding/json does.
+The wire format is ``extender_wire`` (always HTTP 200 for a well-formed request), the pure decision
+core (scores, blend, explanations, filter reasons) ``extender_scoring``, the HTTP routes
+``extender_routes``; this module is the service between them.
 
 Two cache modes: with ``nodeCacheCapable`` the request names nodes only (``NodeNames``) and the node
 objects and their bound pods come from ``NodeCache``, fed by ClusterSnapshot messages; otherwise
@@ -20,126 +19,57 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 import logging
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable, Protocol
 
 import numpy as np
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from fastapi import APIRouter, Depends, HTTPException, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agmarl_common import kubeconvert as kc
 from agmarl_common import messages as m
 from agmarl_common import subjects
-from agmarl_common.cluster.filters import (
-    FilterStatus,
-    feasible_mask,
-    filter_node,
-    fits_node_selector,
-    fits_node_unschedulable,
-    fits_resources,
-    fits_taints,
-)
+from agmarl_common.cluster.filters import feasible_mask
 from agmarl_common.cluster.model import ClusterState, Pod, state_from_dict, unbind
 from agmarl_common.cluster.selectors import matches_label_selector
-from agmarl_common.policies.base import Policy, normalise_scores
+from agmarl_common.policies.base import Policy
 from agmarl_common.telemetry import extract
+from agmarl_inference.extender_scoring import (
+    Scored,
+    blend_weights,
+    explain,
+    failed_reasons,
+    failure,
+    returned_kind,
+    score_policy,
+    to_extender_scores,
+)
+from agmarl_inference.extender_wire import (
+    NEUTRAL_SCORE,
+    BadRequest,
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
+    ExtenderFilterResult,
+    ExtenderPreemptionArgs,
+    ExtenderPreemptionResult,
+    MetaPod,
+    MetaVictims,
+    NodeList,
+    request_names,
+)
 from agmarl_inference.settings import InferenceSettings
 
 log = logging.getLogger("agmarl.inference.extender")
 
 MODES = ("shadow", "recommend", "canary", "hybrid", "full")
-MAX_EXTENDER_SCORE = 10  # kube-scheduler's MaxExtenderPriority
-NEUTRAL_SCORE = 0
 UNKNOWN_NODE = "node unknown to the agmarl extender's cluster cache"
 DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 5.0)
-# failures kube-scheduler marks UnschedulableAndUnresolvable (preemption cannot help)
-_UNRESOLVABLE = ("NodeUnschedulable", "TaintToleration", "NodeAffinity")
-_UNRESOLVABLE_REASONS = ("gpu_spec", "missing required label", "didn't match pod affinity rules")
-_DETAILED_REASONS = 32  # failing nodes that get the full (cluster-wide) filter for their reason
-
-
-# ---------------------------------------------------------------------------------------------
-# Wire models (Go field names)
-
-class _GoArgs(BaseModel):
-    """Input model: unknown keys ignored, keys matched case-insensitively (Go encoding/json)."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _fold_case(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        names = {n.lower(): n for n in cls.model_fields}
-        return {names.get(str(k).lower(), k): v for k, v in data.items()}
-
-
-class NodeList(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    metadata: dict[str, Any] = {}
-    items: list[dict[str, Any]] = []
-
-
-class ExtenderArgs(_GoArgs):
-    Pod: dict[str, Any]
-    Nodes: NodeList | None = None
-    NodeNames: list[str] | None = None
-
-
-class ExtenderFilterResult(BaseModel):
-    Nodes: NodeList | None = None
-    NodeNames: list[str] | None = None
-    FailedNodes: dict[str, str] = {}
-    FailedAndUnresolvableNodes: dict[str, str] = {}
-    Error: str = ""
-
-
-class HostPriority(BaseModel):
-    Host: str
-    Score: int = Field(ge=0, le=MAX_EXTENDER_SCORE)
-
-
-class ExtenderBindingArgs(_GoArgs):
-    PodName: str
-    PodNamespace: str
-    PodUID: str = ""
-    Node: str
-
-
-class ExtenderBindingResult(BaseModel):
-    Error: str = ""
-
-
-class MetaPod(_GoArgs):
-    UID: str
-
-
-class MetaVictims(_GoArgs):
-    Pods: list[MetaPod] = []
-    NumPDBViolations: int = 0
-
-
-class ExtenderPreemptionArgs(_GoArgs):
-    Pod: dict[str, Any]
-    NodeNameToVictims: dict[str, Any] | None = None
-    NodeNameToMetaVictims: dict[str, MetaVictims] | None = None
-
-
-class ExtenderPreemptionResult(BaseModel):
-    NodeNameToMetaVictims: dict[str, MetaVictims] = {}
-
-
-class BadRequest(Exception):
-    """A well-formed JSON body that does not describe a pod/node we can read (answered 400)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -194,118 +124,6 @@ class NodeCache:
         state = await asyncio.to_thread(state_from_dict, msg.state)
         if self._latest is token:  # a later snapshot that decoded first is not overwritten
             self.set_state(state, msg.seq)
-
-
-# ---------------------------------------------------------------------------------------------
-# Pure scoring helpers
-
-@dataclass(frozen=True)
-class Scored:
-    """0..100 scores of one policy and each term's additive share in them (for explanations)."""
-
-    norm: np.ndarray
-    contributions: dict[str, np.ndarray]  # sum over terms == norm - constant
-    raw_terms: dict[str, np.ndarray] = field(default_factory=dict)  # plugin scores 0..100
-
-
-def score_policy(policy: Policy, pod: Pod, state: ClusterState, idx: np.ndarray) -> Scored:
-    """normalise_scores(policy.score(...)), decomposed into plugin terms when the policy is a sum
-    of weighted plugins (WeightedPluginsPolicy), else one term named after the policy."""
-    plugin_scores = getattr(policy, "plugin_scores", None)
-    plugins = getattr(policy, "plugins", None)
-    if callable(plugin_scores) and isinstance(plugins, dict):
-        terms = plugin_scores(pod, state, idx)
-        weighted = {k: plugins[k][1] * np.asarray(v, dtype=np.float64) for k, v in terms.items()}
-        raw = np.sum(list(weighted.values()), axis=0) if weighted else np.zeros(len(idx))
-    else:
-        raw, terms, weighted = np.asarray(policy.score(pod, state, idx), dtype=np.float64), {}, {}
-    norm = normalise_scores(raw)
-    span = float(raw.max() - raw.min()) if raw.size else 0.0
-    scale = 100.0 / span if span > 0 else 0.0
-    contributions = {k: v * scale for k, v in weighted.items()} if weighted else {policy.name: norm}
-    return Scored(norm, contributions, {k: np.asarray(v, dtype=np.float64) for k, v in terms.items()})
-
-
-def to_extender_scores(scores: np.ndarray) -> list[int]:
-    """0..100 -> kube-scheduler extender scores 0..10 (rounded half up, clipped)."""
-    return [int(v) for v in np.clip(np.floor(np.asarray(scores, dtype=np.float64) / 10.0 + 0.5), 0,
-                                    MAX_EXTENDER_SCORE)]
-
-
-def blend_weights(mode: str, opted_in: bool, model_weight: float) -> tuple[float, float]:
-    """(model, default) weights of the placement kube-scheduler ends up making, for the log:
-    hybrid blends; full/recommend/opted-in canary follow the model; shadow and other canary pods
-    follow the default scores."""
-    if mode == "hybrid":
-        return model_weight, 1.0 - model_weight
-    if mode == "shadow" or (mode == "canary" and not opted_in):
-        return 0.0, 1.0
-    return 1.0, 0.0
-
-
-def returned_kind(mode: str, opted_in: bool, fallback: str) -> str:
-    """What the extender answers: "neutral" (all equal), "model" or "default" scores."""
-    if mode == "shadow" or (mode == "canary" and not opted_in):
-        return "neutral"
-    return "default" if fallback else "model"
-
-
-def explain(names: list[str], model: Scored | None, default: Scored, weights: tuple[float, float],
-            returned: list[int], top_k: int = 3) -> dict[str, Any]:
-    """Top nodes with their plugin terms, and the terms that separate the winner from the runner-up
-    (each term's signed share in blended[best] - blended[second]; they sum to that difference)."""
-    wm, wd = weights if model is not None else (0.0, 1.0)
-    parts = {f"default.{k}": wd * v for k, v in default.contributions.items()}
-    if model is not None:
-        parts.update({f"model.{k}": wm * v for k, v in model.contributions.items()})
-    blended = wd * default.norm + (wm * model.norm if model is not None else 0.0)
-    order = np.argsort(-blended, kind="stable")
-    top = []
-    for k in order[:top_k]:
-        entry = {"node": names[k], "blended": round(float(blended[k]), 3), "default": round(float(default.norm[k]), 3),
-                 "returned": returned[k],
-                 "terms": {f"default.{t}": round(float(v[k]), 3) for t, v in default.raw_terms.items()}}
-        if model is not None:
-            entry["model"] = round(float(model.norm[k]), 3)
-            entry["terms"].update({f"model.{t}": round(float(v[k]), 3) for t, v in model.raw_terms.items()})
-        top.append(entry)
-    drivers = []
-    if len(order) >= 2:
-        best, second = order[0], order[1]
-        drivers = sorted(({"term": t, "delta": round(float(v[best] - v[second]), 3)} for t, v in parts.items()),
-                         key=lambda d: -abs(d["delta"]))
-    return {"top": top, "drivers": drivers, "margin": round(float(blended[order[0]] - blended[order[1]]), 3)
-            if len(order) >= 2 else 0.0}
-
-
-def failure(status: FilterStatus) -> tuple[str, bool]:
-    """(reason text, unresolvable?) as kube-scheduler would classify the plugin's status."""
-    unresolvable = status.plugin in _UNRESOLVABLE or any(r in status.reason for r in _UNRESOLVABLE_REASONS)
-    return f"{status.plugin}: {status.reason}", unresolvable
-
-
-def failed_reasons(pod: Pod, state: ClusterState, failing: list[int]) -> dict[int, FilterStatus]:
-    """Why each failing node fails: the cheap per-node checks first; the cluster-wide ones (spread,
-    pod affinity) in full only for the first _DETAILED_REASONS nodes that need them."""
-    out: dict[int, FilterStatus] = {}
-    detailed = 0
-    selectors = bool(pod.node_selector or pod.required_node_affinity)
-    for i in failing:
-        node = state.nodes[i]
-        if selectors or node.taints or node.unschedulable or not node.ready:
-            node_only = (fits_node_unschedulable(pod, node), fits_taints(pod, node), fits_node_selector(pod, node))
-            status = next((s for s in node_only if not s.ok), None) or fits_resources(pod, state, i)
-        else:  # the node-only checks cannot fail here
-            status = fits_resources(pod, state, i)
-        if status.ok:
-            if detailed < _DETAILED_REASONS:
-                detailed += 1
-                status = filter_node(pod, state, i)
-            if status.ok:
-                status = FilterStatus(False, "InterPodAffinity",
-                                      "node(s) didn't match pod topology spread constraints or pod affinity rules")
-        out[i] = status
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -467,7 +285,7 @@ class ExtenderService:
                 span.record_exception(exc)
                 fallback = self.fallback("filter_error")
             if fallback:  # kube-scheduler has filtered already: pass every node on
-                ok, failed, unresolvable = _request_names(args), {}, {}
+                ok, failed, unresolvable = request_names(args), {}, {}
             span.set_attribute("agmarl.fallback", fallback)
             span.set_attribute("agmarl.passed", len(ok))
             if not ok and (failed or unresolvable):
@@ -549,7 +367,7 @@ class ExtenderService:
             except Exception as exc:  # noqa: BLE001 - never fail a well-formed request
                 span.record_exception(exc)
                 fallback = self.fallback("state_error")
-            names = req.names if req is not None else _request_names(args)
+            names = req.names if req is not None else request_names(args)
             kind = returned_kind(mode, opted, fallback) if base is not None else "neutral"
             scores = {n: NEUTRAL_SCORE for n in names}
             decided_at = time.time()
@@ -650,12 +468,6 @@ def _trace_id(span: trace.Span) -> str:
     return format(ctx.trace_id, "032x") if ctx.is_valid else ""
 
 
-def _request_names(args: ExtenderArgs) -> list[str]:
-    if args.Nodes is not None:
-        return [str((o.get("metadata") or {}).get("name", "")) for o in args.Nodes.items]
-    return list(args.NodeNames or [])
-
-
 def _short(exc: Exception, limit: int = 300) -> str:
     text = str(exc).replace("\n", " ")
     return text if len(text) <= limit else text[:limit] + "..."
@@ -708,123 +520,3 @@ class DecisionPublisher:
 def decision_subject(decision: m.Decision) -> str:
     return subjects.decision(decision.cluster, decision.namespace)
 
-
-# ---------------------------------------------------------------------------------------------
-# FastAPI routes
-
-VERBS = ("filter", "prioritize", "bind", "preempt")
-
-
-def get_extender(request: Request) -> ExtenderService:
-    return request.app.state.extender
-
-
-ExtenderDep = Annotated[ExtenderService, Depends(get_extender)]
-
-
-def _body(model: type[BaseModel], verb: str) -> Callable[[Request], Awaitable[Any]]:
-    """Dependency: the body read within ``max_body_bytes`` (413 past it), parsed (400 when it is not
-    JSON or not an ``model`` object); rejects are counted per verb and reason."""
-    async def read(request: Request, ext: ExtenderDep) -> Any:
-        limit = ext.settings.max_body_bytes
-
-        def reject(status: int, reason: str, detail: str) -> HTTPException:
-            ext.metrics.rejected.labels(verb=verb, reason=reason).inc()
-            return HTTPException(status, detail)
-        length = request.headers.get("content-length", "")
-        if length.isdigit() and int(length) > limit:
-            raise reject(413, "oversized", f"body of {length} bytes exceeds the limit of {limit} bytes")
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise reject(413, "oversized", f"body exceeds the limit of {limit} bytes")
-        try:
-            data = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise reject(400, "malformed", f"body is not JSON: {exc}") from None
-        try:
-            return model.model_validate(data)
-        except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}"
-                                 for e in exc.errors()[:5])
-            raise reject(400, "schema", f"not a {model.__name__}: {problems}") from None
-    return read
-
-
-FilterArgs = Annotated[ExtenderArgs, Depends(_body(ExtenderArgs, "filter"))]
-PrioritizeArgs = Annotated[ExtenderArgs, Depends(_body(ExtenderArgs, "prioritize"))]
-BindArgs = Annotated[ExtenderBindingArgs, Depends(_body(ExtenderBindingArgs, "bind"))]
-PreemptArgs = Annotated[ExtenderPreemptionArgs, Depends(_body(ExtenderPreemptionArgs, "preempt"))]
-
-
-def priorities_json(scores: dict[str, int]) -> bytes:
-    """A HostPriorityList, written directly: no per-host objects (1,500 of them per call otherwise)."""
-    dumps = json.dumps
-    return ("[" + ",".join(f'{{"Host":{dumps(h)},"Score":{int(s)}}}' for h, s in scores.items()) + "]").encode()
-
-
-def _json(payload: bytes) -> Response:
-    return Response(content=payload, media_type="application/json")
-
-
-def _bad(ext: ExtenderService, verb: str, exc: BadRequest) -> HTTPException:
-    ext.metrics.rejected.labels(verb=verb, reason="invalid").inc()
-    return HTTPException(400, str(exc))
-
-
-router = APIRouter()
-
-
-@router.post("/filter", response_model=ExtenderFilterResult, response_model_exclude_none=True)
-async def filter_route(args: FilterArgs, ext: ExtenderDep, request: Request) -> Response:
-    try:
-        result = await ext.filter(args, request.headers)
-    except BadRequest as exc:
-        raise _bad(ext, "filter", exc) from None
-    except Exception:  # noqa: BLE001 - a bug must not fail scheduling: pass the nodes on
-        ext.fallback("error")
-        result = ExtenderFilterResult(Nodes=args.Nodes, NodeNames=None if args.Nodes else _request_names(args))
-    return _json(result.model_dump_json(exclude_none=True).encode())
-
-
-@router.post("/prioritize", response_model=list[HostPriority])
-async def prioritize_route(args: PrioritizeArgs, ext: ExtenderDep, request: Request) -> Response:
-    try:
-        result = await ext.prioritize(args, request.headers)
-    except BadRequest as exc:
-        raise _bad(ext, "prioritize", exc) from None
-    except Exception:  # noqa: BLE001
-        ext.fallback("error")
-        result = {n: NEUTRAL_SCORE for n in _request_names(args)}
-    return _json(priorities_json(result))
-
-
-@router.post("/bind", response_model=ExtenderBindingResult)
-async def bind_route(args: BindArgs, ext: ExtenderDep, request: Request) -> Response:
-    try:
-        result = await ext.bind(args, request.headers)
-    except Exception as exc:  # noqa: BLE001
-        result = ExtenderBindingResult(Error=f"binding failed: {type(exc).__name__}")
-    return _json(result.model_dump_json().encode())
-
-
-@router.post("/preempt", response_model=ExtenderPreemptionResult)
-async def preempt_route(args: PreemptArgs, ext: ExtenderDep, request: Request) -> Response:
-    result = await ext.preempt(args, request.headers)
-    return _json(result.model_dump_json().encode())
-
-
-@router.get("/healthz")
-async def healthz() -> dict[str, str]:
-    return {"status": "ok"}
-
-
-@router.get("/readyz")
-async def readyz(ext: ExtenderDep) -> Response:
-    """Ready when NATS is connected and, for nodeCacheCapable requests, the cache holds a snapshot."""
-    problems = [p for p, bad in (("nats disconnected", not ext.connected()), ("no cluster snapshot yet",
-                                                                             not ext.cache.warm)) if bad]
-    body = {"status": "ready" if not problems else "not ready", "problems": problems,
-            "mode": ext.source.mode, "policy": ext.source.policy.name, "snapshot_seq": ext.cache.seq}
-    return Response(content=json.dumps(body), media_type="application/json", status_code=503 if problems else 200)

@@ -35,15 +35,14 @@ from agmarl_common.service import ServiceRuntime
 from agmarl_inference.extender import (
     BIND_TIMEOUT_S,
     MODES,
-    VERBS,
     DecisionPublisher,
     ExtenderMetrics,
     ExtenderService,
     NodeCache,
     PolicySource,
     decision_subject,
-    router,
 )
+from agmarl_inference.extender_routes import VERBS, router
 from agmarl_inference.settings import InferenceSettings
 
 log = logging.getLogger("agmarl.inference.http")

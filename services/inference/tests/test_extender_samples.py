@@ -32,14 +32,8 @@ from agmarl_common.policies.base import PolicyBase
 from agmarl_common.policies.registry import get_policy
 from agmarl_common.service import ServiceRuntime
 from agmarl_inference.app import InferenceApp
-from agmarl_inference.extender import (
-    NEUTRAL_SCORE,
-    Scored,
-    blend_weights,
-    explain,
-    returned_kind,
-    to_extender_scores,
-)
+from agmarl_inference.extender_scoring import Scored, blend_weights, explain, returned_kind, to_extender_scores
+from agmarl_inference.extender_wire import NEUTRAL_SCORE
 from agmarl_inference.http import load_binder, parse_mode, setup_extender, start_extender
 from agmarl_inference.settings import InferenceSettings
 
