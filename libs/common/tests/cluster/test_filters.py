@@ -1,8 +1,7 @@
-"""Table-driven tests of the hard filter, and a property test: feasible_mask == filter_node everywhere."""
+"""Table-driven tests of the hard filter, and property tests: feasible_mask == filter_node == a
+definition-by-scan oracle on random states (the pod index behind them: test_podindex.py)."""
 
 from __future__ import annotations
-
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -29,18 +28,14 @@ from agmarl_common.cluster.model import (
     Node,
     NodeSelectorTerm,
     Pod,
-    PodAffinityTerm,
     Taint,
     Toleration,
     TopologySpreadConstraint,
-    PodIndex,
     bind,
     choose_gpus,
-    pod_index,
     state_from_dict,
     state_to_dict,
     unbind,
-    unbind_at,
 )
 from agmarl_common.cluster.selectors import (
     label_value,
@@ -48,16 +43,9 @@ from agmarl_common.cluster.selectors import (
     pod_matches_node_affinity,
     term_matches_pod,
 )
+from agmarl_common.testing_states import WEB, node, pod, random_big_state, random_node, random_pod, rich_pod, term, zoned
 
 Req = LabelRequirement
-
-
-def pod(name="p", cpu=1000, mem=1024, **kw) -> Pod:
-    return Pod(name=name, cpu_milli=cpu, memory_mib=mem, **kw)
-
-
-def node(name="n", cpu=4000, mem=8192, **kw) -> Node:
-    return Node(name=name, cpu_milli=cpu, memory_mib=mem, **kw)
 
 
 # ------------------------------------------------------------------------------ resources
@@ -175,41 +163,26 @@ def test_fits_node_selector(selector, terms, ok):
 
 # ------------------------------------------------------------------------------ pod affinity
 
-def _zoned(*placed: tuple[int, Pod]) -> ClusterState:
-    """n0, n1 in zone a; n2 in zone b; n3 has no zone label."""
-    nodes = [node("n0", labels={ZONE_LABEL: "a"}), node("n1", labels={ZONE_LABEL: "a"}),
-             node("n2", labels={ZONE_LABEL: "b"}), node("n3")]
-    s = ClusterState.empty(nodes)
-    for i, p in placed:
-        s = bind(s, p, i)
-    return s
-
-
-def _term(key=ZONE_LABEL, **labels) -> PodAffinityTerm:
-    return PodAffinityTerm(LabelSelector(match_labels=labels), key)
-
-
-WEB = {"app": "web"}
 
 
 @pytest.mark.parametrize("placed, p, expected", [
     # required affinity to app=web in the same zone
-    ([(0, pod("w", labels=WEB))], pod(pod_affinity=(_term(app="web"),)), [True, True, False, False]),
-    ([(0, pod("w", labels=WEB))], pod(pod_affinity=(_term(HOSTNAME_LABEL, app="web"),)), [True, False, False, False]),
+    ([(0, pod("w", labels=WEB))], pod(pod_affinity=(term(app="web"),)), [True, True, False, False]),
+    ([(0, pod("w", labels=WEB))], pod(pod_affinity=(term(HOSTNAME_LABEL, app="web"),)), [True, False, False, False]),
     # nothing matches and the pod does not match itself: nowhere
-    ([], pod(pod_affinity=(_term(app="web"),)), [False, False, False, False]),
+    ([], pod(pod_affinity=(term(app="web"),)), [False, False, False, False]),
     # first pod of a self-affine group: anywhere with the topology key
-    ([], pod(labels=WEB, pod_affinity=(_term(app="web"),)), [True, True, True, False]),
+    ([], pod(labels=WEB, pod_affinity=(term(app="web"),)), [True, True, True, False]),
     # a matching pod in another namespace does not count
-    ([(0, pod("w", labels=WEB, namespace="other"))], pod(pod_affinity=(_term(app="web"),)), [False] * 4),
+    ([(0, pod("w", labels=WEB, namespace="other"))], pod(pod_affinity=(term(app="web"),)), [False] * 4),
     # required anti-affinity: not in zone a; n3 lacks the key so the term cannot be violated there
-    ([(1, pod("w", labels=WEB))], pod(pod_anti_affinity=(_term(app="web"),)), [False, False, True, True]),
+    ([(1, pod("w", labels=WEB))], pod(pod_anti_affinity=(term(app="web"),)), [False, False, True, True]),
     # existing pod's anti-affinity against the incoming pod (symmetry)
-    ([(2, pod("w", pod_anti_affinity=(_term(app="web"),)))], pod(labels=WEB), [True, True, False, True]),
-    ([(2, pod("w", pod_anti_affinity=(_term(app="web"),)))], pod(labels={"app": "db"}), [True] * 4),
+    ([(2, pod("w", pod_anti_affinity=(term(app="web"),)))], pod(labels=WEB), [True, True, False, True]),
+    ([(2, pod("w", pod_anti_affinity=(term(app="web"),)))], pod(labels={"app": "db"}), [True] * 4),
 ])
 def test_fits_pod_affinity(placed, p, expected):
-    s = _zoned(*placed)
+    s = zoned(*placed)
     got = [fits_pod_affinity(p, s, i).ok for i in range(s.n_nodes)]
     assert got == expected
     assert feasible_mask(p, s).tolist() == expected
@@ -238,7 +211,7 @@ def _spread(max_skew=1, key=ZONE_LABEL, min_domains=1, when="DoNotSchedule"):
      [False, True, True, True]),
 ])
 def test_fits_topology_spread(placed, p, expected):
-    s = _zoned(*placed)
+    s = zoned(*placed)
     assert [fits_topology_spread(p, s, i).ok for i in range(s.n_nodes)] == expected
     assert feasible_mask(p, s).tolist() == expected
 
@@ -277,7 +250,7 @@ def test_filter_node_first_failure_in_kube_scheduler_order():
 # ------------------------------------------------------------------------------ violations
 
 def test_violations_empty_for_a_legal_state():
-    s = _zoned((0, pod("a", labels=WEB)), (2, pod("b", labels=WEB, pod_anti_affinity=(_term(app="web"),))))
+    s = zoned((0, pod("a", labels=WEB)), (2, pod("b", labels=WEB, pod_anti_affinity=(term(app="web"),))))
     assert violations(s) == []
 
 
@@ -292,7 +265,7 @@ def test_violations_empty_for_a_legal_state():
     (lambda: bind(ClusterState.empty([node(taints=(Taint("k", "", "NoExecute"),))]), pod(), 0), "TaintToleration"),
     (lambda: bind(ClusterState.empty([node(gpu_count=1, gpu_model="T4")]), pod(num_gpu=1, gpu_milli=1000, gpu_spec=("A10",)),
                   0, (0,)), "not in gpu_spec"),
-    (lambda: _zoned((0, pod("a", labels=WEB)), (1, pod("b", pod_anti_affinity=(_term(app="web"),)))),
+    (lambda: zoned((0, pod("a", labels=WEB)), (1, pod("b", pod_anti_affinity=(term(app="web"),)))),
      "anti-affinity (topology.kubernetes.io/zone=a) violated by default/a"),
 ])
 def test_violations_found(build, needle):
@@ -302,78 +275,27 @@ def test_violations_found(build, needle):
 
 # ------------------------------------------------------------------------------ property test
 
-ZONES = ("a", "b", "c")
-APPS = ("web", "db", "cache")
-
-
-def _random_selector(rng) -> LabelSelector:
-    if rng.random() < 0.7:
-        return LabelSelector(match_labels={"app": str(rng.choice(APPS))})
-    op = str(rng.choice(["In", "NotIn", "Exists", "DoesNotExist"]))
-    values = () if op in ("Exists", "DoesNotExist") else (str(rng.choice(APPS)),)
-    return LabelSelector(match_expressions=(Req("app", op, values),))
-
-
-def _random_pod(rng, name: str) -> Pod:
-    kw: dict = {"labels": {"app": str(rng.choice(APPS))}, "namespace": str(rng.choice(["default", "default", "ns2"]))}
-    if rng.random() < 0.3:
-        kw["num_gpu"], kw["gpu_milli"] = (1, int(rng.integers(1, 10)) * 100) if rng.random() < 0.5 else (int(rng.integers(1, 3)), 1000)
-        if rng.random() < 0.3:
-            kw["gpu_spec"] = (str(rng.choice(["T4", "A10"])),)
-    if rng.random() < 0.2:
-        kw["node_selector"] = {"disk": str(rng.choice(["ssd", "hdd"]))}
-    if rng.random() < 0.2:
-        kw["required_node_affinity"] = (NodeSelectorTerm((Req(ZONE_LABEL, "In", (str(rng.choice(ZONES)),)),)),)
-    if rng.random() < 0.3:
-        kw["tolerations"] = (Toleration(str(rng.choice(["dedicated", "node.kubernetes.io/unschedulable"])), "Exists"),)
-    keys = (ZONE_LABEL, HOSTNAME_LABEL, "rack")
-    if rng.random() < 0.25:
-        kw["pod_affinity"] = (PodAffinityTerm(_random_selector(rng), str(rng.choice(keys))),)
-    if rng.random() < 0.25:
-        kw["pod_anti_affinity"] = (PodAffinityTerm(_random_selector(rng), str(rng.choice(keys))),)
-    if rng.random() < 0.3:
-        kw["topology_spread"] = (TopologySpreadConstraint(
-            int(rng.integers(1, 3)), str(rng.choice(keys)), str(rng.choice(["DoNotSchedule", "ScheduleAnyway"])),
-            _random_selector(rng), int(rng.integers(1, 5))),)
-    return Pod(name=name, cpu_milli=int(rng.integers(0, 5)) * 500, memory_mib=int(rng.integers(0, 5)) * 1024, **kw)
-
-
-def _random_node(rng, name: str) -> Node:
-    labels = {"disk": str(rng.choice(["ssd", "hdd"]))}
-    if rng.random() < 0.85:
-        labels[ZONE_LABEL] = str(rng.choice(ZONES))
-    if rng.random() < 0.5:
-        labels["rack"] = f"r{int(rng.integers(0, 3))}"
-    taints = ()
-    if rng.random() < 0.25:
-        taints = (Taint("dedicated", "x", str(rng.choice(["NoSchedule", "NoExecute", "PreferNoSchedule"]))),)
-    gpus = int(rng.choice([0, 0, 1, 2, 4, 8]))
-    return Node(name=name, cpu_milli=int(rng.integers(1, 5)) * 2000, memory_mib=int(rng.integers(1, 5)) * 4096,
-                gpu_count=gpus, gpu_model=str(rng.choice(["T4", "A10"])) if gpus else "", max_pods=int(rng.integers(2, 8)),
-                labels=labels, taints=taints, unschedulable=bool(rng.random() < 0.1), ready=bool(rng.random() > 0.05))
-
-
 @pytest.mark.parametrize("seed", range(40))
 def test_feasible_mask_equals_filter_node(seed):
     rng = np.random.default_rng(seed)
-    nodes = [_random_node(rng, f"n{k}") for k in range(int(rng.integers(2, 9)))]
+    nodes = [random_node(rng, f"n{k}") for k in range(int(rng.integers(2, 9)))]
     state = ClusterState.empty(nodes)
     for k in range(int(rng.integers(0, 14))):
-        p = _random_pod(rng, f"b{k}")
+        p = random_pod(rng, f"b{k}")
         idx = feasible_nodes(p, state)
         if idx.size:
             i = int(rng.choice(idx))
             state = bind(state, p, i, choose_gpus(p, state.gpu_free()[i]))
     assert violations(state) == []  # everything was bound through the filter
     for k in range(12):
-        p = _random_pod(rng, f"q{k}")
+        p = random_pod(rng, f"q{k}")
         expected = [filter_node(p, state, i).ok for i in range(state.n_nodes)]
         assert feasible_mask(p, state).tolist() == expected
 
 
 def test_existing_anti_affinity_index_follows_bind_unbind_and_wire_roundtrip():
-    guard = pod("guard", pod_anti_affinity=(_term(HOSTNAME_LABEL, app="web"),))
-    s = _zoned((0, guard))
+    guard = pod("guard", pod_anti_affinity=(term(HOSTNAME_LABEL, app="web"),))
+    s = zoned((0, guard))
     assert s.affinity_pods.tolist() == [1, 0, 0, 0]
     web = pod("w", labels=WEB)
     assert feasible_mask(web, s).tolist() == [False, True, True, True]
@@ -392,44 +314,6 @@ def test_tainted_index_is_built_from_nodes():
 
 
 # ------------------------------------------------------------------------------ larger random states, many affinity pods
-
-def _rich_selector(rng) -> LabelSelector:
-    r = rng.random()
-    if r < 0.5:
-        return LabelSelector(match_labels={"app": str(rng.choice(APPS))})
-    if r < 0.65:
-        return LabelSelector(match_labels={"app": str(rng.choice(APPS)), "tier": str(rng.choice(["fe", "be"]))})
-    if r < 0.7:
-        return LabelSelector()  # matches every pod
-    if r < 0.8:
-        return LabelSelector(match_labels={"tier": "fe"}, match_expressions=(Req("app", "NotIn", ("db",)),))
-    return _random_selector(rng)
-
-
-def _rich_term(rng) -> PodAffinityTerm:
-    namespaces = () if rng.random() < 0.8 else tuple(rng.choice(["default", "ns2"], size=int(rng.integers(1, 3)), replace=False))
-    return PodAffinityTerm(_rich_selector(rng), str(rng.choice((ZONE_LABEL, HOSTNAME_LABEL, "rack"))), namespaces)
-
-
-def _rich_pod(rng, name: str) -> Pod:
-    """Like ``_random_pod`` but most pods carry pod terms, some two, with namespaces and richer selectors."""
-    base = _random_pod(rng, name)
-    labels = dict(base.labels)
-    if rng.random() < 0.5:
-        labels["tier"] = str(rng.choice(["fe", "be"]))
-    kw: dict = {"labels": labels}
-    if rng.random() < 0.35:
-        kw["pod_affinity"] = tuple(_rich_term(rng) for _ in range(int(rng.integers(1, 3))))
-    if rng.random() < 0.5:
-        kw["pod_anti_affinity"] = tuple(_rich_term(rng) for _ in range(int(rng.integers(1, 3))))
-    if rng.random() < 0.4:
-        kw["topology_spread"] = tuple(TopologySpreadConstraint(
-            int(rng.integers(1, 3)), str(rng.choice((ZONE_LABEL, HOSTNAME_LABEL, "rack"))),
-            str(rng.choice(["DoNotSchedule", "DoNotSchedule", "ScheduleAnyway"])), _rich_selector(rng),
-            int(rng.integers(1, 4))) for _ in range(int(rng.integers(1, 3))))
-    kw["qos"] = str(rng.choice(["LS", "BE", ""]))  # the index counts LS pods per node
-    return replace(base, **kw)
-
 
 def _pod_terms_ok(p: Pod, state: ClusterState, i: int) -> bool:
     """PodTopologySpread and InterPodAffinity by their definition: a scan of every bound pod (slow, obvious)."""
@@ -474,121 +358,16 @@ def _node_checks_ok(p: Pod, state: ClusterState, i: int) -> bool:
                               fits_resources(p, state, i)))
 
 
-def _random_big_state(rng, n_nodes: int, n_pods: int) -> ClusterState:
-    """Pods bound through the filter, some unbound again (unbind and unbind_at)."""
-    state = ClusterState.empty([_random_node(rng, f"n{k}") for k in range(n_nodes)])
-    for k in range(n_pods):
-        p = _rich_pod(rng, f"b{k}")
-        idx = feasible_nodes(p, state)
-        if idx.size:
-            i = int(rng.choice(idx))
-            state = bind(state, p, i, choose_gpus(p, state.gpu_free()[i]))
-        if rng.random() < 0.15 and state.all_pods():
-            gone = state.all_pods()[int(rng.integers(len(state.all_pods())))]
-            state = unbind(state, gone.key) if rng.random() < 0.5 else unbind_at(state, state.index[gone.node_name], gone.key)
-    return state
-
-
 @pytest.mark.parametrize("seed", range(12))
 def test_feasible_mask_on_larger_states_with_many_affinity_pods(seed):
     rng = np.random.default_rng(1000 + seed)
-    state = _random_big_state(rng, int(rng.integers(15, 40)), int(rng.integers(40, 120)))
+    state = random_big_state(rng, int(rng.integers(15, 40)), int(rng.integers(40, 120)))
     assert sum(p.has_pod_affinity for p in state.all_pods()) >= 5
     assert violations(state) == []
     rebuilt = state_from_dict(state_to_dict(state))  # no index yet: built on first use
     for k in range(10):
-        p = _rich_pod(rng, f"q{k}")
+        p = rich_pod(rng, f"q{k}")
         expected = [_node_checks_ok(p, state, i) and _pod_terms_ok(p, state, i) for i in range(state.n_nodes)]
         assert [filter_node(p, state, i).ok for i in range(state.n_nodes)] == expected
         assert feasible_mask(p, state).tolist() == expected
         assert feasible_mask(p, rebuilt).tolist() == expected
-
-
-# ------------------------------------------------------------------------------ the pod index behind the filter
-
-def _index_view(s: ClusterState) -> tuple:
-    idx = pod_index(s)
-    return ({k: v[-1].tolist() for k, v in idx.groups.items()}, dict(idx.group_pairs),
-            {k: v[-1].tolist() for k, v in idx.anti.items()}, dict(idx.anti_pairs),
-            idx.zero_cpu.tolist(), idx.zero_mem.tolist(), idx.ls.tolist())
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_pod_index_kept_by_bind_unbind_equals_a_rebuild(seed):
-    rng = np.random.default_rng(seed)
-    s = _random_big_state(rng, 12, 60)
-    kept = s.pods_by_label
-    assert kept is not None and kept.bound is s.bound  # maintained incrementally, not rebuilt
-    fresh = PodIndex.build(s.nodes, s.bound)
-    assert _index_view(s) == _index_view(replace(s, pods_by_label=fresh))
-    for p in s.all_pods():  # drain: every count and bucket goes away
-        s = unbind_at(s, s.index[p.node_name], p.key)
-    assert _index_view(s) == ({}, {}, {}, {}, [0] * 12, [0] * 12, [0] * 12)
-
-
-def test_unbind_at_equals_unbind_and_ignores_a_wrong_node():
-    s = _zoned((0, pod("a", labels=WEB)), (0, pod("b", pod_anti_affinity=(_term(app="web"),))), (2, pod("c", cpu=0)))
-    for key, i in (("default/a", 0), ("default/b", 0), ("default/c", 2)):
-        ours, ref = unbind_at(s, i, key), unbind(s, key)
-        assert state_to_dict(ours) == state_to_dict(ref)
-        for f in ("cpu_used", "mem_used", "pods_used", "eph_used", "gpu_used", "affinity_pods"):
-            assert np.array_equal(getattr(ours, f), getattr(ref, f))
-        assert _index_view(ours) == _index_view(ref)
-    assert unbind_at(s, 1, "default/a") is s
-    assert unbind_at(s, 0, "default/zzz") is s
-
-
-def test_stale_index_is_rebuilt_when_bound_is_replaced():
-    s = _zoned((0, pod("guard", pod_anti_affinity=(_term(HOSTNAME_LABEL, app="web"),))))
-    web = pod("w", labels=WEB)
-    assert feasible_mask(web, s).tolist() == [False, True, True, True]
-    emptied = replace(s, bound=((),) * 4)  # carries s's index, which no longer describes it
-    assert feasible_mask(web, emptied).tolist() == [True] * 4
-    moved = replace(s, bound=((), (), s.bound[0], ()))
-    assert feasible_mask(web, moved).tolist() == [True, True, False, True]
-    # the topology-domain cache belongs to a nodes tuple: new node labels, new domains
-    w = _zoned((0, pod("w0", labels=WEB)))
-    far = pod("f", pod_anti_affinity=(_term(app="web"),))
-    assert feasible_mask(far, w).tolist() == [False, False, True, True]
-    relabelled = replace(w, nodes=(node("n0", labels={ZONE_LABEL: "b"}),) + w.nodes[1:])
-    assert feasible_mask(far, relabelled).tolist() == [False, True, False, True]
-    assert [filter_node(far, relabelled, i).ok for i in range(4)] == [False, True, False, True]
-
-
-def test_violations_lists_every_anti_affinity_violator_in_node_order():
-    anti = (_term(app="web"),)
-    s = _zoned((2, pod("w0", labels=WEB)), (0, pod("g", labels=WEB, pod_anti_affinity=anti)),
-               (1, pod("w1", labels=WEB)), (0, pod("w2", labels=WEB)), (2, pod("h", labels=WEB, pod_anti_affinity=anti)))
-    found = [v for v in violations(s) if "anti-affinity" in v]
-    assert found == ["default/g on n0: anti-affinity (topology.kubernetes.io/zone=a) violated by default/w2 on n0",
-                     "default/g on n0: anti-affinity (topology.kubernetes.io/zone=a) violated by default/w1 on n1",
-                     "default/h on n2: anti-affinity (topology.kubernetes.io/zone=b) violated by default/w0 on n2"]
-    # a pod matching its own anti-affinity term alone in its domain is legal
-    assert violations(_zoned((2, pod("solo", labels=WEB, pod_anti_affinity=anti)))) == []
-
-
-def _anti_messages_by_scan(state: ClusterState) -> list[str]:
-    """Required anti-affinity violations by definition: every bound pod against every other."""
-    out = []
-    for i, pods in enumerate(state.bound):
-        for p in pods:
-            for t in p.pod_anti_affinity:
-                mine = label_value(state.nodes[i], t.topology_key)
-                for j, other in enumerate(state.nodes):
-                    if mine is not None and label_value(other, t.topology_key) == mine:
-                        out += [f"{p.key} on {state.nodes[i].name}: anti-affinity ({t.topology_key}={mine}) "
-                                f"violated by {q.key} on {other.name}"
-                                for q in state.bound[j] if q.key != p.key and term_matches_pod(t, p.namespace, q)]
-    return out
-
-
-@pytest.mark.parametrize("seed", range(8))
-def test_violations_finds_every_anti_affinity_violation_of_forced_binds(seed):
-    rng = np.random.default_rng(2000 + seed)
-    state = _random_big_state(rng, 12, 30)
-    for k in range(40):  # bound anywhere, no filter: anti-affinity (and more) gets violated
-        state = bind(state, _rich_pod(rng, f"x{k}"), int(rng.integers(state.n_nodes)))
-    expected = _anti_messages_by_scan(state)
-    assert expected  # the forced binds did break some anti-affinity
-    assert [v for v in violations(state) if ": anti-affinity (" in v] == expected
-    assert violations(state_from_dict(state_to_dict(state))) == violations(state)
