@@ -198,6 +198,26 @@ def switch_in(pool: list[str], reference: str, nodes, workload, phase_s: float, 
     return out
 
 
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        12: 2.179, 14: 2.145, 16: 2.120, 19: 2.093, 24: 2.064, 29: 2.045, 39: 2.023, 59: 2.001}
+
+
+def t975(df: int) -> float:
+    """Student's t 97.5 % quantile (two-sided 95 %), the tabulated value at or below ``df`` (conservative)."""
+    return T975[max(k for k in T975 if k <= df)] if df < 120 else 1.96
+
+
+def paired(diffs: Sequence[float]) -> str:
+    """Mean of per-seed differences (same cluster, workload and seed: common random numbers) with a
+    95 % t interval and the number of seeds ahead."""
+    d = np.asarray(diffs, float)
+    if len(d) < 2:
+        return f"{d.mean():+.2f} (one seed)"
+    half = float(t975(len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d)))
+    return (f"{d.mean():+.2f} (95 % CI {d.mean() - half:+.2f} .. {d.mean() + half:+.2f}), "
+            f"ahead on {int((d > 0).sum())}/{len(d)} seeds")
+
+
 def print_tables(per: dict[str, list[RunLog]], names: list[str], schemes: list[str], record_s: float,
                  phase_s: float) -> dict[str, np.ndarray]:
     """One cumulative-reward table per scheme; returns the first scheme's per-phase rows (policy -> sums)."""
@@ -214,6 +234,13 @@ def print_tables(per: dict[str, list[RunLog]], names: list[str], schemes: list[s
             print(f"| {n} | " + " | ".join(cells) + f" | {r.sum():.2f} | "
                   f"{(r.sum() / rows[best].sum() - 1) * 100:+.2f} % |")
         print()
+        if "adaptive" in per:
+            totals = {n: [sum(phase_sums(lg, scheme, phase_s)) for lg in logs] for n, logs in per.items()}
+            print(f"Per seed, adaptive minus each fixed expert (total, scheme {scheme}):")
+            for n in sorted(names, key=lambda n: -rows[n].sum())[:3]:
+                print(f"- {n}{' (best fixed)' if n == best else ''}: "
+                      f"{paired([a - b for a, b in zip(totals['adaptive'], totals[n])])}")
+            print()
     return first
 
 

@@ -1,14 +1,14 @@
 """Batch placement for the second scheduler, the pure core: joint decisions and the ledger.
 
 ``decide_batch(pods, state, policy)`` places a whole batch of pending pods jointly:
-1. every pod (agent) proposes: its candidate nodes after the hard filter against the batch's
-   starting state, ranked by the policy's scores (ties -> lower node index); a policy with
-   ``score_batch`` scores the whole batch in one pass;
+1. every pod (agent) proposes: its candidate nodes after the hard filter (and the policy's own
+   admission, ``policies.base.admitted``) against the batch's starting state, ranked by the policy's
+   scores (ties -> lower node index); a policy with ``score_batch`` scores the whole batch in one pass;
 2. the arbiter walks the batch in a fixed order -- higher priority first, then the largest request
    (GPU milli, cpu, memory), then age and name -- and gives each pod its best proposal that still
-   passes ``filters.filter_node`` against the state updated by the earlier picks (and has GPU
-   devices), binding it into that state. The batch is therefore conflict-free: no node is ever
-   over-committed and no pod goes to a node that fails the hard filter.
+   passes ``filters.filter_node`` (and the policy's admission) against the state updated by the
+   earlier picks (and has GPU devices), binding it into that state. The batch is therefore
+   conflict-free: no node is ever over-committed and no pod goes to a node that fails the hard filter.
 
 ``Ledger`` keeps every pod the binder was given in exactly one status -- queued, binding, bound,
 unschedulable or gone -- with attempts and the last reason, so nothing is lost between a decision,
@@ -25,7 +25,7 @@ import numpy as np
 
 from agmarl_common.cluster.filters import feasible_mask, feasible_nodes, filter_node
 from agmarl_common.cluster.model import ClusterState, Pod, bind
-from agmarl_common.policies.base import Policy, normalise_scores
+from agmarl_common.policies.base import Policy, admission_reason, admitted, normalise_scores
 
 STATUSES = ("queued", "binding", "bound", "unschedulable", "gone")
 
@@ -62,7 +62,7 @@ def propose_all(pods: list[Pod], state: ClusterState, policy: Policy) -> dict[st
     """Each pod's proposals against the same ``state``: (node index, score 0..100) for every node passing
     the hard filter, best first. A policy with ``score_batch`` (the learned one) scores them all in one
     pass (one graph, one encoder and one actor run)."""
-    cands = [feasible_nodes(p, state) for p in pods]
+    cands = [admitted(policy, p, state, feasible_nodes(p, state)) for p in pods]
     live = [k for k, c in enumerate(cands) if c.size]
     batch = getattr(policy, "score_batch", None)
     if callable(batch) and len(live) > 1:
@@ -88,6 +88,8 @@ def arbitrate(order: list[Pod], proposals: dict[str, list[tuple[int, float]]], s
     """Grant each pod (in ``order``) its best proposal that still passes the hard filter in the
     state updated by the earlier grants; returns the placements and that final state."""
     out: list[Placement] = []
+    admit = getattr(policy, "admit", None)
+    admit = admit if callable(admit) else None
     for position, pod in enumerate(order):
         ranked = proposals.get(pod.key, [])
         shown = {state.nodes[i].name: round(s, 3) for i, s in ranked[:top]}
@@ -100,6 +102,9 @@ def arbitrate(order: list[Pod], proposals: dict[str, list[tuple[int, float]]], s
                 refused += 1
                 if ok is None:
                     ok = feasible_mask(pod, state)
+                continue
+            if admit is not None and not bool(admit(pod, state, np.array([i]))[0]):
+                refused += 1  # earlier grants took this node over the policy's admission limit
                 continue
             gpus = policy.choose_gpus(pod, state, i)
             if gpus is None:
@@ -114,6 +119,9 @@ def arbitrate(order: list[Pod], proposals: dict[str, list[tuple[int, float]]], s
             reason = why_not(pod, state)
             if ranked:
                 reason += f" (after earlier pods in the batch took its {len(ranked)} candidate(s))"
+            elif admit is not None and feasible_mask(pod, state).any():
+                reason = (f"{int(feasible_mask(pod, state).sum())}/{state.n_nodes} nodes pass the hard filter, "
+                          f"none admits the pod: {admission_reason(policy, pod)}")
             placed = Placement(pod, "", order=position, reason=reason, scores=shown)
         out.append(placed)
     return out, state

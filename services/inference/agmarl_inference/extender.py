@@ -37,7 +37,7 @@ from agmarl_common import subjects
 from agmarl_common.cluster.filters import feasible_mask
 from agmarl_common.cluster.model import ClusterState, Pod, state_from_dict, unbind
 from agmarl_common.cluster.selectors import matches_label_selector
-from agmarl_common.policies.base import Policy
+from agmarl_common.policies.base import Policy, admission_reason
 from agmarl_common.telemetry import extract
 from agmarl_inference.extender_scoring import (
     Scored,
@@ -245,8 +245,11 @@ class ExtenderService:
 
     # --- filter -------------------------------------------------------------------------------------
 
-    def _filter_sync(self, pod: Pod, args: ExtenderArgs) -> tuple[list[str], dict[str, str], dict[str, str]] | None:
-        """(passed, failed, unresolvable) node names, or None when the cache is cold."""
+    def _filter_sync(self, pod: Pod, args: ExtenderArgs, policy: Policy | None = None
+                     ) -> tuple[list[str], dict[str, str], dict[str, str]] | None:
+        """(passed, failed, unresolvable) node names, or None when the cache is cold. ``policy``: the
+        active policy when its choices apply to this pod; its admission (``admit``, e.g. the load cap)
+        then fails the nodes that pass the hard filter but that it does not admit."""
         req = request_state(pod, args, self.cache)
         state = req.state
         if state is None:
@@ -265,16 +268,36 @@ class ExtenderService:
             else:
                 text, hard = failure(reasons[i])
                 (unresolvable if hard else failed)[name] = text
+        if policy is not None and callable(getattr(policy, "admit", None)) and ok:
+            ok = self._admission(pod, state, policy, ok, failed)
         return ok, failed, unresolvable
+
+    def _admission(self, pod: Pod, state: ClusterState, policy: Policy, ok: list[str], failed: dict[str, str]
+                   ) -> list[str]:
+        """The nodes of ``ok`` the policy admits; the others go to ``failed`` with the policy's reason.
+        A failing admission passes every node on (counted as fallback ``admission_error``)."""
+        idx = np.array([state.index[n] for n in ok], dtype=np.int64)
+        try:
+            allowed = np.asarray(policy.admit(pod, state, idx), dtype=bool)
+        except Exception:  # noqa: BLE001 - never stall scheduling on a policy bug
+            log.exception("admission of %s by %s failed", pod.key, policy.name)
+            self.fallback("admission_error")
+            return ok
+        why = admission_reason(policy, pod)
+        failed.update({n: why for n, a in zip(ok, allowed) if not a})
+        return [n for n, a in zip(ok, allowed) if a]
 
     async def filter(self, args: ExtenderArgs, headers: Any = None) -> ExtenderFilterResult:
         seen_at, deadline = time.time(), time.perf_counter() + self.work_budget
         pod = self._pod(args.Pod)
+        src = self.source
+        decides = returned_kind(src.mode, src.mode != "canary" or self.opted_in(pod), "") == "model"
         with self._span("filter", headers) as span:
             span.set_attribute("agmarl.pod", pod.key)
             fallback = ""
             try:
-                result = await self._run(self._state_pool, deadline, self._filter_sync, pod, args)
+                result = await self._run(self._state_pool, deadline, self._filter_sync, pod, args,
+                                         src.policy if decides else None)
                 if result is None:
                     fallback = self.fallback("cache_cold")
                 else:

@@ -84,6 +84,25 @@ def test_every_placement_passes_the_hard_filter_in_the_state_before_it():
     assert violations(final) == []
 
 
+def test_arbiter_applies_the_policys_admission_to_the_state_after_earlier_picks():
+    """capped:most-allocated: every pod proposes the same packed node first; the arbiter re-checks the
+    load cap after each grant, so no node ends above 80 % cpu (uncapped, the first node takes two)."""
+    state = ClusterState.empty(NODES)
+    for i in range(3):
+        state = bind(state, pod(f"base{i}", 2000, qos="BE"), i)
+    batch = [pod(f"p{i}", 1000, qos="BE") for i in range(3)]
+    packed, _ = decide_batch(batch, state, get_policy("most-allocated"))
+    assert sorted(p.node for p in packed).count("a") == 2
+    capped, final = decide_batch(batch, state, get_policy("capped:most-allocated"))
+    assert sorted(p.node for p in capped) == ["a", "b", "c"]
+    assert (final.cpu_used / final.cpu_cap).max() <= 0.8
+    # a fourth pod has no admitting node left: unplaced, and the reason names the admission
+    late, _ = decide_batch([pod("late", 500, qos="BE")], final, get_policy("capped:most-allocated"))
+    assert late[0].node == "" and "none admits the pod" in late[0].reason and "LoadCap" in late[0].reason
+    ls, _ = decide_batch([pod("ls", 500, qos="LS")], final, get_policy("capped:most-allocated"))
+    assert ls[0].node  # latency-sensitive pods are not held back
+
+
 def test_ledger_keeps_every_pod_in_exactly_one_status():
     led = Ledger()
     pods = [pod(f"p{i}", 100) for i in range(4)]

@@ -538,3 +538,21 @@ async def test_shutdown_closes_the_port(nats_url):
     with pytest.raises(httpx.ConnectError):
         async with httpx.AsyncClient() as c:
             await c.get(f"http://127.0.0.1:{port}/healthz")
+
+
+async def test_filter_applies_the_active_policys_load_cap_only_where_the_policy_decides(nats_url):
+    """capped:most-allocated active: a best-effort pod that would take node-1 (12 of 32 cpu requested)
+    above 80 % fails there with the admission reason in full mode; in shadow mode the policy does not
+    decide, so only the hard filter runs."""
+    be = pod_json("batch", cpu="14")  # 26/32 = 81 % on node-1, 14/32 elsewhere
+    body = {"Pod": be, "NodeNames": ["node-0", LOADED, "node-2"]}
+    async with running(nats_url, model="capped:most-allocated", rollout_mode="full") as r:
+        out = (await r.client.post("/filter", json=body)).json()
+        assert out["NodeNames"] == ["node-0", "node-2"]
+        assert list(out["FailedNodes"]) == [LOADED] and "LoadCap" in out["FailedNodes"][LOADED]
+        assert out["FailedAndUnresolvableNodes"] == {}
+        small = {"Pod": pod_json("small", cpu="13"), "NodeNames": [LOADED]}  # 25/32 = 78 %: admitted
+        assert (await r.client.post("/filter", json=small)).json()["NodeNames"] == [LOADED]
+    async with running(nats_url, model="capped:most-allocated", rollout_mode="shadow") as r:
+        out = (await r.client.post("/filter", json=body)).json()
+        assert out["NodeNames"] == ["node-0", LOADED, "node-2"] and out["FailedNodes"] == {}

@@ -4,6 +4,10 @@ A policy scores the feasible candidate nodes of one pending pod (the hard filter
 a policy never sees an infeasible node) and may pick the GPU devices on the chosen node.
 Higher scores are better. Scores are on the policy's own scale; ``normalise_scores`` maps them to
 kube-scheduler's 0..100 framework range when they must be compared or blended.
+
+A policy may also filter: an optional ``admit(pod, state, candidates) -> bool mask`` (and
+``admission_reason(pod) -> str``) keeps a pod off candidates that pass the hard filter (the load cap,
+``policies.loadcap``). Harnesses apply it with ``admitted``; a pod no candidate admits waits.
 """
 
 from __future__ import annotations
@@ -54,8 +58,24 @@ def brief(policy: Policy, workload: Sequence[Pod] | None = None, objective: str 
         observe(workload)
 
 
+def admitted(policy: Policy, pod: Pod, state: ClusterState, candidates: np.ndarray) -> np.ndarray:
+    """The candidates ``policy`` admits (its ``admit`` mask; all of them when it has none), in order."""
+    admit = getattr(policy, "admit", None)
+    candidates = np.asarray(candidates, dtype=np.int64)
+    if not callable(admit) or candidates.size == 0:
+        return candidates
+    return candidates[np.asarray(admit(pod, state, candidates), dtype=bool)]
+
+
+def admission_reason(policy: Policy, pod: Pod) -> str:
+    """Why ``policy`` does not admit ``pod`` somewhere (its ``admission_reason``, or a generic text)."""
+    why = getattr(policy, "admission_reason", None)
+    return str(why(pod)) if callable(why) else f"not admitted by policy {getattr(policy, 'name', '?')}"
+
+
 def select_node(policy: Policy, pod: Pod, state: ClusterState, candidates: np.ndarray) -> int | None:
-    """The best-scoring candidate (ties -> the first in ``candidates`` order), or None if none."""
+    """The best-scoring admitted candidate (ties -> the first in ``candidates`` order), or None if none."""
+    candidates = admitted(policy, pod, state, candidates)
     if len(candidates) == 0:
         return None
     scores = np.asarray(policy.score(pod, state, candidates), dtype=np.float64)

@@ -34,7 +34,9 @@ _loaded = False
 # name prefixes resolved by a function ``resolve(rest_of_name, seed) -> Policy`` ("module:function",
 # imported on first use): ``model:<default|path|version>`` is the learned policy served by ONNX Runtime
 MODEL_PREFIX = "model:"  # a learned model served by ONNX Runtime: ``model:<default|path|version>``
-PREFIX_RESOLVERS: dict[str, str] = {MODEL_PREFIX: "agmarl_common.policies.onnx_model:resolve_model_policy"}
+# ``capped:<policy>`` is <policy> with the load cap as admission (policies.loadcap)
+PREFIX_RESOLVERS: dict[str, str] = {MODEL_PREFIX: "agmarl_common.policies.onnx_model:resolve_model_policy",
+                                    "capped:": "agmarl_common.policies.loadcap:resolve_capped"}
 
 
 def is_model(name: str) -> bool:
