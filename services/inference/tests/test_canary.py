@@ -20,3 +20,11 @@ def test_canary_selection_is_scoped_to_opted_in_namespaces_and_labels():
     app.select(m.PolicySelection(policy="kube-default", mode="full", reason="promote", time=time.time()))
     assert app.policy_for(Pod("p", 1, 1, namespace="team-a"))[0].name == "kube-default"
     assert app.policy_for(Pod("p", 1, 1, namespace="team-b"))[0].name == "kube-default"
+
+
+def test_a_capped_selection_serves_the_policy_with_its_admission():
+    settings = InferenceSettings()
+    app = InferenceApp(ServiceRuntime("inference", settings), settings)
+    app.select(m.PolicySelection(policy="capped:kube-default", mode="full", reason="gate: batch", time=time.time()))
+    policy = app.policy_for(Pod("p", 1, 1, qos="BE"))[0]
+    assert policy.name == "capped:kube-default" and callable(policy.admit)
