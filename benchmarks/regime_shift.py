@@ -75,6 +75,8 @@ BENCH_EXPERTS: dict[str, str] = {"low_load": "capped:kube-default", "batch": "ca
 # model:default 66.46). ``--switch-in reward-aware-guard`` (each expert only in one regime's phases) agrees.
 # The GPU-packing hybrid ``reward-aware-gpupack`` (FGD for GPU pods, the guard for the rest; and its variants)
 # loses every regime to the guard on seeds 4-8 too (batch 132.96 vs 133.30 switch-in): the map is unchanged.
+# The load-capped experts lose the GPU batch phases (seeds 4-8: capped:reward-aware-guard batch-heavy 67.15 vs
+# 70.13 uncapped: the cap holds GPU tasks back); only node-loss is a tie (capped:reward-aware 63.20 vs 63.17).
 BENCH_EXPERTS_GPU: dict[str, str] = {"low_load": "reward-aware-guard", "batch": "reward-aware-guard",
                                      "affinity": "reward-aware-guard"}
 
