@@ -191,8 +191,7 @@ def objective_gains(pods: Sequence[Pod], state: ClusterState, candidates: Sequen
         return np.zeros(int(sum(sizes)))
     expert = RewardAwarePolicy(RewardAwareConfig(scheme=scheme))
     cols = []
-    for pod, cand in zip(pods, candidates):
-        s = expert.score(pod, state, cand) if len(cand) else np.zeros(0)
+    for s in expert.score_batch(pods, state, candidates):
         spread = float(s.max() - s.min()) if s.size else 0.0
         cols.append((s - s.max()) / spread if spread > 1e-12 else np.zeros(s.size))
     return np.concatenate(cols) if cols else np.zeros(0)

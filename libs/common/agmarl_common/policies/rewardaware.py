@@ -32,7 +32,7 @@ imitate it from pod and node features.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -265,10 +265,32 @@ class RewardAwarePolicy(PolicyBase):
         c = np.asarray(candidates, dtype=np.int64)
         if len(c) == 0:
             return np.zeros(0)
-        weights = scheme_gain_weights(self.scheme, cluster_load(state) if self.scheme.name != "fixed" else 0.0)
-        n = max(int(state.schedulable.sum()), 1)
-        gains = reward_gains(pod, state, c, self.config.threshold)
-        total = sum(weights[k] * self.config.factors.get(k, 1.0) * g for k, g in gains.items()) * n
+        total = self._combine(reward_gains(pod, state, c, self.config.threshold), state)
         if self.config.preference_weight > 0:
             total = total + self.config.preference_weight * score_preferences(pod, state, c) / MAX_NODE_SCORE
         return np.asarray(total, dtype=np.float64)
+
+    def score_batch(self, pods: Sequence[Pod], state: ClusterState, candidates: Sequence[np.ndarray]
+                    ) -> list[np.ndarray]:
+        """``score`` of every pod against the same ``state`` (one array per pod), the gains computed for
+        all pairs at once (``rewardaware_batch``); a subclass that adds to ``score`` is scored pod by pod."""
+        from agmarl_common.policies.rewardaware_batch import pairs, reward_gains_batch  # noqa: PLC0415
+
+        if type(self).score is not RewardAwarePolicy.score:
+            return [self.score(p, state, c) for p, c in zip(pods, candidates)]
+        sizes, idx, _ = pairs(candidates)
+        if idx.size == 0:
+            return [np.zeros(int(k)) for k in sizes]
+        total = np.asarray(self._combine(reward_gains_batch(pods, state, candidates, self.config.threshold), state),
+                           dtype=np.float64)
+        out = np.split(total, np.cumsum(sizes)[:-1])
+        if self.config.preference_weight > 0:
+            out = [t + self.config.preference_weight * score_preferences(p, state, c) / MAX_NODE_SCORE if len(c) else t
+                   for p, c, t in zip(pods, candidates, out)]
+        return out
+
+    def _combine(self, gains: Mapping[str, np.ndarray], state: ClusterState) -> np.ndarray:
+        """The scheme-weighted sum of the gains, times the schedulable nodes."""
+        weights = scheme_gain_weights(self.scheme, cluster_load(state) if self.scheme.name != "fixed" else 0.0)
+        n = max(int(state.schedulable.sum()), 1)
+        return sum(weights[k] * self.config.factors.get(k, 1.0) * g for k, g in gains.items()) * n

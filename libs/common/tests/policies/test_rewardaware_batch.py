@@ -1,0 +1,78 @@
+"""``RewardAwarePolicy.score_batch`` (the gains of many pods against one state, vectorised over pairs)
+equals ``score`` called pod by pod, on states with LS, IO-heavy and network-heavy pods, cordoned nodes
+and every reward scheme; the learned policy's ``reward_gain`` input uses it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from agmarl_common.cluster.filters import feasible_nodes
+from agmarl_common.policies.registry import get_policy
+from agmarl_common.policies.rewardaware import RewardAwareConfig, RewardAwarePolicy
+from agmarl_common.reward import IO_HEAVY_LABEL, NETWORK_HEAVY_LABEL, SCHEMES
+from agmarl_common.sim import dynamic, synthetic
+
+
+def declared(pods):
+    """LS pods network-heavy, every third of them IO-heavy too (as the regime-shift scenario declares)."""
+    out = []
+    for k, p in enumerate(pods):
+        if p.qos == "LS":
+            labels = {**p.labels, NETWORK_HEAVY_LABEL: "true", **({IO_HEAVY_LABEL: "true"} if k % 3 == 0 else {})}
+            p = replace(p, labels=labels)
+        out.append(p)
+    return out
+
+
+@pytest.fixture(scope="module")
+def busy_state():
+    nodes = synthetic.synthetic_cluster(30, seed=5)
+    nodes[3] = replace(nodes[3], unschedulable=True)  # cordoned: outside the balance's node set
+    rate = synthetic.auto_rate(nodes, 1000, 300.0, target=0.7)
+    workload = declared(synthetic.batch_online_mix(nodes, 900.0, rate=rate, seed=5, online_fraction=0.5))
+    config = dynamic.SimConfig(tick_s=1.0, horizon_s=600.0)
+    state, retry, policy = dynamic.reset(nodes, workload, config, 5), {}, get_policy("kube-default")
+    for _ in range(600):
+        state, _ = dynamic.advance(state, 1.0, config)
+        state = dynamic.schedule_pending(policy, state, config, retry)
+    pending = declared(synthetic.batch_online_mix(nodes, 300.0, rate=rate, seed=6, online_fraction=0.5))[:64]
+    return state.cluster, pending
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_score_batch_equals_score_pod_by_pod(busy_state, scheme):
+    cluster, pods = busy_state
+    assert sum(p.qos == "LS" for ps in cluster.bound for p in ps) > 0  # LS pods to protect
+    policy = RewardAwarePolicy(RewardAwareConfig(scheme=scheme))
+    cands = [feasible_nodes(p, cluster) for p in pods]
+    cands[1] = cands[1][:0]  # a pod without candidates keeps its place
+    batch = policy.score_batch(pods, cluster, cands)
+    assert [b.size for b in batch] == [c.size for c in cands]
+    for p, c, b in zip(pods, cands, batch):
+        np.testing.assert_allclose(b, policy.score(p, cluster, c), rtol=0, atol=1e-12)
+    assert any(np.ptp(b) > 0 for b in batch if b.size)
+
+
+def test_the_busy_state_exercises_every_gain(busy_state):
+    from agmarl_common.policies.rewardaware_batch import reward_gains_batch
+
+    cluster, pods = busy_state
+    gains = reward_gains_batch(pods, cluster, [feasible_nodes(p, cluster) for p in pods])
+    assert all(np.abs(g).max() > 0 for g in gains.values()), {k: float(np.abs(g).max()) for k, g in gains.items()}
+
+
+def test_a_subclass_that_adds_to_score_is_batch_scored_with_its_own_score(busy_state):
+    cluster, pods = busy_state
+    guard = get_policy("reward-aware-guard")  # HeadroomPolicy: reward-aware plus the LS guard term
+    cands = [feasible_nodes(p, cluster) for p in pods[:12]]
+    for p, c, b in zip(pods, cands, guard.score_batch(pods[:12], cluster, cands)):
+        np.testing.assert_array_equal(b, guard.score(p, cluster, c))
+
+
+def test_guard_and_empty_batches(busy_state):
+    cluster, pods = busy_state
+    assert RewardAwarePolicy().score_batch([], cluster, []) == []
+    assert [b.size for b in RewardAwarePolicy().score_batch(pods[:2], cluster, [np.zeros(0, np.int64)] * 2)] == [0, 0]
