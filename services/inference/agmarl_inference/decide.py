@@ -1,7 +1,8 @@
 """One decision for one pending pod: pure, given the policies.
 
 The candidate nodes arrive already filtered by graph-builder; this re-checks resources as a final
-guard (the cache could be a little behind), scores with the active policy and the default scoring,
+guard (the cache could be a little behind), applies the active policy's own admission (outside shadow
+mode; a pod no candidate admits stays pending), scores with the active policy and the default scoring,
 blends per rollout mode, picks the node and explains why.
 """
 
@@ -13,7 +14,7 @@ import numpy as np
 
 from agmarl_common.cluster.filters import fits_resources_mask
 from agmarl_common.cluster.model import ClusterState, Pod
-from agmarl_common.policies.base import Policy, normalise_scores
+from agmarl_common.policies.base import Policy, admission_reason, admitted, normalise_scores
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,13 @@ def decide(pod: Pod, state: ClusterState, policy: Policy, default: Policy, mode:
     idx = guard(pod, state)
     if idx.size == 0:
         return Choice("", (), 0.0, {}, {}, {}, {"reason": "no feasible node", "filtered_out": dict(reasons or {})})
+    if mode != "shadow":  # the policy decides: its own filter too (policies.base.admitted, e.g. the load cap)
+        fits = idx.size
+        idx = admitted(policy, pod, state, idx)
+        if idx.size == 0:
+            return Choice("", (), 0.0, {}, {}, {}, {"reason": "not admitted by the policy", "policy": policy.name,
+                                                    "admission": admission_reason(policy, pod), "candidates": fits,
+                                                    "filtered_out": len(reasons or {})})
     names = [state.nodes[i].name for i in idx]
     model = normalise_scores(policy.score(pod, state, idx))
     base = model if default is policy else normalise_scores(default.score(pod, state, idx))

@@ -78,3 +78,19 @@ def test_learned_policy_explains_its_pick():
     model = choice.explanation["model"]
     assert model["chosen"] == choice.node
     assert model["attention"] and model["feature_contributions"]
+
+
+def test_decide_applies_the_policys_admission_outside_shadow_mode():
+    """capped:most-allocated: a BE pod would take a (3000/4000) to 87.5 % cpu, so it goes elsewhere; when
+    every node that fits is over the cap it is not admitted anywhere and stays pending; in shadow mode the
+    cap does not apply."""
+    capped, default = get_policy("capped:most-allocated"), get_policy("kube-resources")
+    be = Pod("p", 500, 500, qos="BE")
+    assert decide(be, cluster(), get_policy("most-allocated"), default, "full", 0.7).node == "a"
+    assert decide(be, cluster(), capped, default, "full", 0.7).node in ("b", "c")
+    packed = bind(bind(cluster(), Pod("more", 3000, 100), 1), Pod("fill", 600, 100), 2)  # c cannot fit it
+    refused = decide(be, packed, capped, default, "full", 0.7)
+    assert refused.node == "" and refused.explanation["reason"] == "not admitted by the policy"
+    assert "LoadCap" in refused.explanation["admission"] and refused.explanation["candidates"] == 2
+    assert decide(be, packed, capped, default, "shadow", 0.7).node != ""
+    assert decide(Pod("ls", 500, 500, qos="LS"), packed, capped, default, "full", 0.7).node != ""

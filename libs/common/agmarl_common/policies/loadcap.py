@@ -16,8 +16,9 @@ rather than on the nodes of latency-sensitive services. It trades pending time o
 placement and utilisation below the knee, so it is a regime expert (batch-heavy, node loss), not a
 default: the adaptive gate selects it from live features.
 
-Harnesses apply admission through ``policies.base.admitted`` (the dynamic simulator, the second
-scheduler's batch arbiter); the extender applies it in its filter verb.
+Harnesses apply admission through ``policies.base.admitted``: the dynamic simulator, the inference
+decision loop (``agmarl_inference.decide``, outside shadow mode), the second scheduler's batch arbiter
+and the extender's filter verb (where the active policy decides).
 """
 
 from __future__ import annotations
