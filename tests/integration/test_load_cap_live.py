@@ -56,6 +56,14 @@ async def test_capped_policy_holds_best_effort_pods_back_in_the_live_loop(nats_u
             proc = service_processes(module_of(service), env={**common, **ENV.get(service, {})})
             await wait_healthy(bus, service, timeout=60, proc=proc)
 
+        async def serving():
+            try:
+                status = await bus.request(subjects.health("inference"), b"", m.HealthStatus, timeout=1.0)
+            except Exception:  # noqa: BLE001 - busy: ask again
+                return False
+            return status.details.get("policy") == POLICY
+        assert await wait_for(serving, 30), "inference does not serve the KV selection"
+
         def held_back():
             return [d for d in decisions if not d.node and d.explanation.get("reason") == "not admitted by the policy"]
         assert await wait_for(held_back, 60), (
@@ -65,7 +73,7 @@ async def test_capped_policy_holds_best_effort_pods_back_in_the_live_loop(nats_u
         assert refused.policy == POLICY and "LoadCap" in refused.explanation["admission"]
         assert refused.explanation["candidates"] >= 1  # nodes it fits, none of them admitting it
         placed = [d for d in decisions if d.node]
-        assert placed and all(d.policy == POLICY for d in placed)
+        assert placed and all(d.policy == POLICY for d in placed)  # none on the start-up policy either
         for raw in snapshots[-5:]:
             snap = m.decode(m.ClusterSnapshot, raw)
             assert snap.stats.get("violations", 0) == 0 and violations(state_from_dict(snap.state)) == []

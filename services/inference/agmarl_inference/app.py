@@ -3,6 +3,7 @@ policy chosen by the adaptive-engine through the KV store."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import time
 import uuid
@@ -26,6 +27,7 @@ from agmarl_inference.http import setup_extender, start_extender
 from agmarl_inference.settings import InferenceSettings
 
 SERVICE = "inference"
+STARTUP_SELECTION_WAIT_S = 5.0  # a graph request at start-up waits at most this long for the KV selection
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
@@ -42,6 +44,9 @@ class InferenceApp:
         self.canary_selector = parse_label_selector(settings.canary_label_selector) \
             if settings.canary_label_selector else None
         self.in_flight = InFlight()
+        # cleared by main() until the KV selection was read, so that no pod is decided on the start-up policy
+        self.selection_loaded = asyncio.Event()
+        self.selection_loaded.set()
         # learned models: model_published fetches and caches a version; a model:<ref> selection loads it off
         # the loop (or takes it from the cache) and swaps it in via apply_selection
         self.models = ModelRegistry(rt, self.apply_selection)
@@ -113,6 +118,11 @@ class InferenceApp:
         pod = pod_from_dict(msg.pod)
         if self.settings.batch_scheduler_name and pod.scheduler_name == self.settings.batch_scheduler_name:
             return  # batch mode places these pods jointly
+        if not self.selection_loaded.is_set():
+            try:
+                await asyncio.wait_for(self.selection_loaded.wait(), STARTUP_SELECTION_WAIT_S)
+            except asyncio.TimeoutError:
+                pass  # decide on the current policy rather than stall scheduling
         now = time.time()
         # this replica's decisions the graph does not show yet take their resources first
         state = self.in_flight.apply(state_from_features(msg.features), msg.decisions_seen.get(self.replica, 0), now)
@@ -159,12 +169,16 @@ async def main() -> int:
     extender = setup_extender(rt, app, settings, decisions=app.decisions)
     if settings.batch_scheduler_name:
         start_batch_mode(rt, settings, policy=lambda: app.policy)
+    app.selection_loaded.clear()  # graph requests that arrive from now on wait for the KV selection
     await rt.start()
-    await rt.bus.ensure_streams()
     try:
-        await load_active_policy(rt, app)
-    except Exception as exc:  # noqa: BLE001 - no KV yet is normal at first start
-        rt.log.info("no active policy in KV yet (%s); using %s", exc, app.policy.name)
+        await rt.bus.ensure_streams()
+        try:
+            await load_active_policy(rt, app)
+        except Exception as exc:  # noqa: BLE001 - no KV yet is normal at first start
+            rt.log.info("no active policy in KV yet (%s); using %s", exc, app.policy.name)
+    finally:
+        app.selection_loaded.set()
     await app.models.start()
     await start_extender(rt, extender, settings)
     # Everything that exists now (modules, FastAPI, pydantic schemas, OTel, NATS) lives as long as the
