@@ -1,8 +1,9 @@
 """The kube-scheduler HTTP extender: filter, prioritize, bind (and preempt passthrough).
 
 The wire format is ``extender_wire`` (always HTTP 200 for a well-formed request), the pure decision
-core (scores, blend, explanations, filter reasons) ``extender_scoring``, the HTTP routes
-``extender_routes``; this module is the service between them.
+core (scores, blend, explanations, filter reasons) ``extender_scoring``, the cluster view
+``extender_view``, the decision log ``extender_log``, the HTTP routes ``extender_routes``; this module
+is the service between them.
 
 Two cache modes: with ``nodeCacheCapable`` the request names nodes only (``NodeNames``) and the node
 objects and their bound pods come from ``NodeCache``, fed by ClusterSnapshot messages; otherwise
@@ -23,8 +24,7 @@ import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 from opentelemetry import trace
@@ -33,12 +33,12 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from agmarl_common import kubeconvert as kc
 from agmarl_common import messages as m
-from agmarl_common import subjects
 from agmarl_common.cluster.filters import feasible_mask
-from agmarl_common.cluster.model import ClusterState, Pod, state_from_dict, unbind
+from agmarl_common.cluster.model import ClusterState, Pod
 from agmarl_common.cluster.selectors import matches_label_selector
 from agmarl_common.policies.base import Policy, admission_reason
 from agmarl_common.telemetry import extract
+from agmarl_inference.extender_log import DecisionPublisher
 from agmarl_inference.extender_scoring import (
     Scored,
     blend_weights,
@@ -63,6 +63,7 @@ from agmarl_inference.extender_wire import (
     NodeList,
     request_names,
 )
+from agmarl_inference.extender_view import NodeCache, RequestState, request_state
 from agmarl_inference.settings import InferenceSettings
 
 log = logging.getLogger("agmarl.inference.extender")
@@ -90,78 +91,6 @@ class Binder(Protocol):
     def bind(self, namespace: str, name: str, uid: str, node: str) -> None: ...
 
 
-class NodeCache:
-    """The inference service's cluster view: the latest snapshot state, replaced atomically."""
-
-    def __init__(self, cluster: str):
-        self.cluster = cluster
-        self.state: ClusterState | None = None
-        self.seq = -1
-        self.updated_at = 0.0
-        self.bound_keys: frozenset[str] = frozenset()
-        self._latest: object = None
-
-    @property
-    def warm(self) -> bool:
-        return self.state is not None
-
-    def set_state(self, state: ClusterState, seq: int = 0, now: float | None = None) -> None:
-        self.bound_keys = frozenset(p.key for pods in state.bound for p in pods)
-        self.state, self.seq = state, seq
-        self.updated_at = time.time() if now is None else now
-
-    def pods_on(self, node_names: list[str]) -> list[Pod]:
-        state = self.state
-        if state is None:
-            return []
-        return [p for n in node_names if n in state.index for p in state.bound[state.index[n]]]
-
-    async def on_snapshot(self, msg: m.ClusterSnapshot, ctx: Any = None) -> None:
-        """ClusterSnapshot handler: decode off the event loop, keep only newer snapshots."""
-        if msg.cluster != self.cluster:
-            return
-        self._latest = token = object()
-        state = await asyncio.to_thread(state_from_dict, msg.state)
-        if self._latest is token:  # a later snapshot that decoded first is not overwritten
-            self.set_state(state, msg.seq)
-
-
-# ---------------------------------------------------------------------------------------------
-# Per-request state
-
-@dataclass
-class RequestState:
-    state: ClusterState | None  # None: cache cold in cache mode
-    names: list[str]  # the request's node names, in request order
-    idx: list[int | None]  # their index in state (None: unknown)
-    items: dict[str, dict] = field(default_factory=dict)  # nocache: name -> original node object
-    unreadable: dict[str, str] = field(default_factory=dict)  # nocache: nodes that failed to convert
-
-
-def request_state(pod: Pod, args: ExtenderArgs, cache: NodeCache) -> RequestState:
-    """The state a request is judged in: the cache (NodeNames) or the given nodes + cached pods."""
-    if args.Nodes is not None:
-        nodes, items, unreadable, names = [], {}, {}, []
-        for obj in args.Nodes.items:
-            name = str((obj.get("metadata") or {}).get("name") or "")
-            names.append(name)
-            try:
-                nodes.append(kc.node_from_k8s(obj))
-                items[name] = obj
-            except kc.KubeConvertError as exc:
-                unreadable[name] = f"node object could not be read: {exc}"
-        pods = [p for p in cache.pods_on([n.name for n in nodes]) if p.key != pod.key]
-        state = kc.pods_on_nodes(nodes, pods)
-        return RequestState(state, names, [state.index.get(n) for n in names], items, unreadable)
-    names = list(args.NodeNames or [])
-    state = cache.state
-    if state is None:
-        return RequestState(None, names, [None] * len(names))
-    if pod.key in cache.bound_keys:  # a retry of a pod the snapshot already shows as bound
-        state = unbind(state, pod.key)
-    return RequestState(state, names, [state.index.get(n) for n in names])
-
-
 # ---------------------------------------------------------------------------------------------
 # The service
 
@@ -184,7 +113,7 @@ class ExtenderService:
 
     def __init__(self, settings: InferenceSettings, source: PolicySource, cache: NodeCache,
                  metrics: ExtenderMetrics, tracer: trace.Tracer | None = None,
-                 publisher: "DecisionPublisher | None" = None, connected: Callable[[], bool] = lambda: True,
+                 publisher: DecisionPublisher | None = None, connected: Callable[[], bool] = lambda: True,
                  binder: Binder | None = None):
         self.settings, self.source, self.cache, self.metrics = settings, source, cache, metrics
         self.tracer = tracer or trace.get_tracer("agmarl.inference.extender")
@@ -494,52 +423,3 @@ def _trace_id(span: trace.Span) -> str:
 def _short(exc: Exception, limit: int = 300) -> str:
     text = str(exc).replace("\n", " ")
     return text if len(text) <= limit else text[:limit] + "..."
-
-
-# ---------------------------------------------------------------------------------------------
-# Decision-log publisher: bounded queue, off the request path
-
-class DecisionPublisher:
-    """Fire and forget: ``offer`` never blocks; ``run`` publishes to JetStream in the background."""
-
-    def __init__(self, publish: Callable[[m.Decision], Awaitable[None]], metrics: ExtenderMetrics,
-                 tracer: trace.Tracer, connected: Callable[[], bool] = lambda: True, maxsize: int = 1024,
-                 timeout: float = 2.0):
-        self._publish, self.metrics, self.tracer, self.connected = publish, metrics, tracer, connected
-        self.queue: asyncio.Queue = asyncio.Queue(maxsize)
-        self.timeout = timeout
-        self.published = 0
-
-    def offer(self, build: Callable[[], m.Decision], ctx: Any) -> bool:
-        """Queue a decision builder (with the OpenTelemetry context of its request); False = dropped, counted."""
-        try:
-            self.queue.put_nowait((build, ctx))
-            return True
-        except asyncio.QueueFull:
-            self.metrics.dropped.labels(reason="queue_full").inc()
-            return False
-
-    async def run(self) -> None:
-        while True:
-            build, ctx = await self.queue.get()
-            if not self.connected():
-                self.metrics.dropped.labels(reason="nats_down").inc()
-                continue
-            try:
-                decision = await asyncio.to_thread(build)  # off the event loop: requests keep flowing
-            except Exception:  # noqa: BLE001 - a bug in the explanation must not stop the log
-                log.exception("decision-log entry could not be built")
-                self.metrics.dropped.labels(reason="build_error").inc()
-                continue
-            with self.tracer.start_as_current_span("extender publish decision", context=ctx, kind=SpanKind.PRODUCER,
-                                                   attributes={"agmarl.decision_id": decision.decision_id}):
-                try:
-                    await asyncio.wait_for(self._publish(decision), self.timeout)
-                    self.published += 1
-                except Exception:  # noqa: BLE001 - counted; the request was answered long ago
-                    self.metrics.dropped.labels(reason="publish_error").inc()
-
-
-def decision_subject(decision: m.Decision) -> str:
-    return subjects.decision(decision.cluster, decision.namespace)
-

@@ -32,16 +32,9 @@ from nats.js.kv import KV_DEL, KV_PURGE
 from agmarl_common import messages as m
 from agmarl_common import subjects
 from agmarl_common.service import ServiceRuntime
-from agmarl_inference.extender import (
-    BIND_TIMEOUT_S,
-    MODES,
-    DecisionPublisher,
-    ExtenderMetrics,
-    ExtenderService,
-    NodeCache,
-    PolicySource,
-    decision_subject,
-)
+from agmarl_inference.extender import BIND_TIMEOUT_S, MODES, ExtenderMetrics, ExtenderService, PolicySource
+from agmarl_inference.extender_log import DecisionPublisher, decision_subject
+from agmarl_inference.extender_view import NodeCache
 from agmarl_inference.extender_routes import VERBS, router
 from agmarl_inference.settings import InferenceSettings
 
