@@ -119,8 +119,8 @@ def arbitrate(order: list[Pod], proposals: dict[str, list[tuple[int, float]]], s
             reason = why_not(pod, state)
             if ranked:
                 reason += f" (after earlier pods in the batch took its {len(ranked)} candidate(s))"
-            elif admit is not None and feasible_mask(pod, state).any():
-                reason = (f"{int(feasible_mask(pod, state).sum())}/{state.n_nodes} nodes pass the hard filter, "
+            elif admit is not None and (fits := int(feasible_mask(pod, state).sum())):
+                reason = (f"{fits}/{state.n_nodes} nodes pass the hard filter, "
                           f"none admits the pod: {admission_reason(policy, pod)}")
             placed = Placement(pod, "", order=position, reason=reason, scores=shown)
         out.append(placed)

@@ -48,8 +48,6 @@ from agmarl_common.policies.kube import (
 )
 from agmarl_common.reward import (
     HOT_NODE_THRESHOLD,
-    IO_HEAVY_LABEL,
-    LOCAL_SSD_LABEL,
     NETWORK_HEAVY_LABEL,
     SCHEMES,
     UTILISATION_KNEE,
@@ -58,7 +56,6 @@ from agmarl_common.reward import (
     cluster_load,
     scheme_weights,
 )
-from agmarl_common.sim.metrics import LS_QOS, node_cpu_pressure
 
 PREFERENCE_PLUGINS = {  # kube-default's scoring plugins that express preferences, not resources
     "NodeAffinity": score_node_affinity,
@@ -97,29 +94,22 @@ def overload_loss(u: np.ndarray) -> np.ndarray:
 # Gains, each in its reward component's units
 
 
+def _one(pod: Pod, state: ClusterState, candidates: np.ndarray, threshold: float = HOT_NODE_THRESHOLD
+         ) -> dict[str, np.ndarray]:
+    """Every gain of one pod: the batch computation (``rewardaware_batch``) for a batch of one."""
+    from agmarl_common.policies.rewardaware_batch import reward_gains_batch  # noqa: PLC0415 - it imports us
+
+    return reward_gains_batch([pod], state, [np.asarray(candidates, dtype=np.int64)], threshold)
+
+
 def score_balance_gain(pod: Pod, state: ClusterState, candidates: np.ndarray) -> np.ndarray:
     """Change of 1 - 2 * std(per-node utilisation) over schedulable nodes with the pod on each candidate."""
-    c = np.asarray(candidates, dtype=np.int64)
-    up = state.schedulable
-    n = int(up.sum())
-    if n == 0 or len(c) == 0:
-        return np.zeros(len(c))
-    u = node_mean_utilisation(state)
-    s, q = float(u[up].sum()), float((u[up] ** 2).sum())
-    std0 = np.sqrt(max(q / n - (s / n) ** 2, 0.0))
-    d = np.where(up[c], pod_utilisation_delta(pod, state, c), 0.0)
-    q1 = q + 2.0 * u[c] * d + d ** 2
-    std1 = np.sqrt(np.maximum(q1 / n - ((s + d) / n) ** 2, 0.0))
-    return -2.0 * (std1 - std0)
+    return _one(pod, state, candidates)["balance"]
 
 
 def score_utilisation_gain(pod: Pod, state: ClusterState, candidates: np.ndarray) -> np.ndarray:
     """Minus the change of the mean per-node overload loss (the knee part of the utilisation score)."""
-    c = np.asarray(candidates, dtype=np.int64)
-    n = max(int(state.schedulable.sum()), 1)
-    u = node_mean_utilisation(state)[c]
-    d = pod_utilisation_delta(pod, state, c)
-    return -(overload_loss(u + d) - overload_loss(u)) / n
+    return _one(pod, state, candidates)["utilisation"]
 
 
 def score_ls_gain(pod: Pod, state: ClusterState, candidates: np.ndarray,
@@ -127,24 +117,7 @@ def score_ls_gain(pod: Pod, state: ClusterState, candidates: np.ndarray,
     """Change of the share of LS pods not on a hot node (cpu pressure > ``threshold``): the LS pods
     of a candidate the pod pushes over the threshold turn bad, and so does an LS pod put on a node
     that is hot after placement."""
-    c = np.asarray(candidates, dtype=np.int64)
-    out = np.zeros(len(c))
-    if len(c) == 0:
-        return out
-    pressure = node_cpu_pressure(state)
-    after = pressure[c] + pod.cpu_milli / np.maximum(state.cpu_cap[c], 1)
-    crossing = (pressure[c] <= threshold) & (after > threshold)
-    own = (after > threshold).astype(np.float64) if pod.qos == LS_QOS else out
-    if not crossing.any() and not own.any():
-        return out
-    ls_nodes = pod_index(state).ls.astype(np.float64)  # LS pods per node, kept current by bind/unbind
-    total0 = float(ls_nodes.sum())
-    total1 = total0 + (pod.qos == LS_QOS)  # LS pods running with ``pod`` bound
-    if total1 == 0:  # no LS pod anywhere: nothing to lose
-        return out
-    bad0 = float(ls_nodes[pressure > threshold].sum())
-    before = 1.0 - bad0 / total0 if total0 else 1.0
-    return 1.0 - (bad0 + np.where(crossing, ls_nodes[c], 0.0) + own) / total1 - before
+    return _one(pod, state, candidates, threshold)["ls_ok"]
 
 
 def _label_count(state: ClusterState, label: str) -> int:
@@ -154,13 +127,9 @@ def _label_count(state: ClusterState, label: str) -> int:
 
 
 def score_io_gain(pod: Pod, state: ClusterState, candidates: np.ndarray) -> np.ndarray:
-    """Change of the share of IO-heavy pods on local-SSD nodes (0 for a pod that is not IO-heavy)."""
-    c = np.asarray(candidates, dtype=np.int64)
-    if pod.labels.get(IO_HEAVY_LABEL) != "true":
-        return np.zeros(len(c))
-    total = _label_count(state, IO_HEAVY_LABEL)
-    ssd = np.array([state.nodes[i].labels.get(LOCAL_SSD_LABEL) == "true" for i in c], dtype=np.float64)
-    return ssd / (total + 1)  # (ok + ssd) / (total + 1) - ok / total, up to a constant
+    """Change of the share of IO-heavy pods on local-SSD nodes (0 for a pod that is not IO-heavy), up to
+    a candidate-independent shift."""
+    return _one(pod, state, candidates)["io_locality"]
 
 
 def score_net_gain(pod: Pod, state: ClusterState, candidates: np.ndarray) -> np.ndarray:
@@ -197,10 +166,7 @@ def score_net_gain(pod: Pod, state: ClusterState, candidates: np.ndarray) -> np.
 def reward_gains(pod: Pod, state: ClusterState, candidates: np.ndarray,
                  threshold: float = HOT_NODE_THRESHOLD) -> dict[str, np.ndarray]:
     """Every gain of ``GAINS`` per candidate (for the score and for explanations)."""
-    c = np.asarray(candidates, dtype=np.int64)
-    return {"balance": score_balance_gain(pod, state, c), "utilisation": score_utilisation_gain(pod, state, c),
-            "ls_ok": score_ls_gain(pod, state, c, threshold), "io_locality": score_io_gain(pod, state, c),
-            "net_locality": score_net_gain(pod, state, c)}
+    return _one(pod, state, candidates, threshold)
 
 
 def score_preferences(pod: Pod, state: ClusterState, candidates: np.ndarray,

@@ -1,13 +1,13 @@
-"""The reward-aware gains of many pods against one state at once (``RewardAwarePolicy.score_batch``).
+"""The reward-aware gains of many pods against one state at once: the one implementation of
+``rewardaware``'s balance, utilisation, ls_ok and io_locality gains (``rewardaware.score_*_gain`` and
+``reward_gains`` are this function for a batch of one; the definitions are in ``rewardaware``'s docstring).
 
-``reward_gains_batch(pods, state, candidates)`` equals ``rewardaware.reward_gains`` called pod by pod
-(tested to 1e-12): the per-state terms (per-node utilisation, the balance sums, cpu pressure, LS pods
-per node, IO-heavy count, local-SSD nodes) are computed once, and the balance, utilisation, ls_ok and
-io_locality gains are vectorised over every (pod, candidate) pair, pod-major. ``net_locality`` walks
-the bound pods of the pod's service, so it stays per pod, for pods with a service only.
-
-The learned policy's ``reward_gain`` input (``features_pairs.objective_gains``) scores a whole batch of
-pending pods with it; calling ``score`` per pod recomputed the per-state terms for every pod.
+The per-state terms (per-node utilisation, the balance sums, cpu pressure, LS pods per node, IO-heavy
+count, local-SSD nodes) are computed once per batch and the gains vectorised over every (pod,
+candidate) pair, pod-major. ``net_locality`` walks the bound pods of the pod's service, so it stays per
+pod (``rewardaware.score_net_gain``), for pods with a service only. The learned policy's
+``reward_gain`` input (``features_pairs.objective_gains``) scores a whole batch of pending pods with it
+(``RewardAwarePolicy.score_batch``); scoring pod by pod recomputed the per-state terms for every pod.
 """
 
 from __future__ import annotations
