@@ -246,6 +246,25 @@ def print_tables(per: dict[str, list[RunLog]], names: list[str], schemes: list[s
     return first
 
 
+COMPONENT_KEYS = ("utilisation", "balance", "pending", "failed", "wait", "ls_ok", "io_locality", "net_locality")
+
+
+def print_components(per: dict[str, list[RunLog]], phase_s: float) -> None:
+    """Mean of each reward component (and SLA / business sub-term) per phase, over windows and seeds."""
+    print("## Reward components per phase (mean over 10 s windows and seeds)\n")
+    print("| phase | policy | " + " | ".join(COMPONENT_KEYS) + " |")
+    print("|---|---|" + "---:|" * len(COMPONENT_KEYS))
+    for k, ph in enumerate(PHASES):
+        for name, logs in per.items():
+            means = []
+            for key in COMPONENT_KEYS:
+                vals = [c[key] for lg in logs for c, t in zip(lg.components, lg.times)
+                        if k * phase_s < t <= (k + 1) * phase_s]
+                means.append(f"{np.mean(vals):.3f}")
+            print(f"| {ph} | {name} | " + " | ".join(means) + " |")
+    print()
+
+
 def _seed_setup(args, seed: int) -> tuple[list[Node], list[Pod]]:
     nodes = synthetic.synthetic_cluster(args.nodes, seed=seed, gpu_fraction=GPU_FRACTION[args.batch_kind])
     shapes = openb_gpu_shapes(nodes) if args.batch_kind == "gpu" else []
@@ -286,6 +305,8 @@ def main() -> int:
                     help="run the pool only and print the best expert per phase and the regime map it implies")
     ap.add_argument("--switch-in", default="", metavar="REFERENCE",
                     help="with --calibrate: run each pool expert only in one regime's phases, REFERENCE in the others")
+    ap.add_argument("--components", action="store_true",
+                    help="also print each policy's mean reward components per phase (mean over windows and seeds)")
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     bench = BENCH_EXPERTS_GPU if args.batch_kind == "gpu" else BENCH_EXPERTS
@@ -309,6 +330,8 @@ def main() -> int:
                                        adaptive_controller(experts, baseline)))
     wall = time.perf_counter() - t0
     schemes = [args.scheme] + [s for s in SCHEMES if s != args.scheme]
+    if args.components:
+        print_components(per, args.phase)
     if args.calibrate:
         print(f"# Regime-shift calibration ({args.batch_kind} batch): {args.nodes} nodes, phases of {args.phase:g} s, "
               f"seeds {seeds}, "
