@@ -6,8 +6,10 @@ and other clusters can point elsewhere. A missing file, a missing column or a ma
 a ``ValueError`` that names the file and the problem.
 
 Node list columns: ``sn,cpu_milli,memory_mib,gpu,model``.
-Pod list columns: ``name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,
-creation_time,deletion_time,scheduled_time``.
+Pod list columns: ``name,cpu_milli,memory_mib,num_gpu,gpu_milli`` are required; ``gpu_spec,qos,
+pod_phase,creation_time,deletion_time,scheduled_time`` are optional (several public openb pod lists
+carry only the five): a missing one takes its neutral value (any GPU model, no QoS class, created at 0,
+runs forever).
 """
 
 from __future__ import annotations
@@ -30,8 +32,7 @@ GPU_NODES = "openb_node_list_gpu_node.csv"  # the 1213 GPU nodes: the cluster th
 GPU_MODEL_LABEL = "alibabacloud.com/gpu-card-model"
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
-POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec", "qos",
-               "pod_phase", "creation_time", "deletion_time", "scheduled_time")
+POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")  # the rest are optional
 
 
 def openb_node_path(name: str = ALL_NODES, trace_dir: str | Path | None = None) -> Path:
@@ -94,7 +95,8 @@ def load_openb_pods(path: str | Path | None = None, namespace: str = "openb") ->
 
     ``gpu_milli`` is per GPU and clamped to 0..1000 as the FGD simulator does; a pod without GPUs
     gets ``gpu_milli == 0``. ``duration`` is ``deletion_time - scheduled_time`` (or creation time
-    when never scheduled), 0 when unknown.
+    when never scheduled), 0 when unknown. Only ``POD_COLUMNS`` are required; in a file without the
+    others every pod has no GPU model constraint, no QoS class, creation time 0 and duration 0.
     """
     p = Path(path) if path is not None else openb_pod_path()
     pods = []

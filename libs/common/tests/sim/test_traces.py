@@ -88,11 +88,29 @@ def test_pod_rows_become_pods(tmp_path):
     assert big.gpu_milli == 1000  # clamped like the paper's simulator
 
 
+def test_pod_lists_with_only_the_five_upstream_columns_load_with_neutral_defaults(tmp_path):
+    p = write(tmp_path, "p.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"
+              "s,6000,12288,1,460\n"
+              "w,12000,24576,2,1000\n"
+              "c,4000,8192,0,0\n")
+    s, w, c = load_openb_pods(p)
+    assert (s.name, s.cpu_milli, s.memory_mib, s.num_gpu, s.gpu_milli, s.is_gpu_share) == \
+        ("s", 6000, 12288, 1, 460, True)
+    assert (w.num_gpu, w.gpu_milli_total, c.num_gpu, c.gpu_milli) == (2, 2000, 0, 0)
+    for pod in (s, w, c):
+        assert (pod.gpu_spec, pod.qos, pod.creation_time, pod.duration) == ((), "", 0.0, 0.0)
+    # the same rows with every column give the same pods
+    full = write(tmp_path, "full.csv", POD_HEADER + "s,6000,12288,1,460,,,,,,\nw,12000,24576,2,1000,,,,,,\n"
+                 "c,4000,8192,0,0,,,,,,\n")
+    assert load_openb_pods(full) == (s, w, c)
+
+
 @pytest.mark.parametrize("loader,name,text,message", [
     (load_openb_nodes, "missing.csv", None, "file not found"),
     (load_openb_pods, "missing.csv", None, "file not found"),
     (load_openb_nodes, "n.csv", "sn,cpu_milli,memory_mib,gpu\na,1,1,0\n", "missing columns ['model']"),
     (load_openb_pods, "p.csv", "name,cpu_milli\na,1\n", "missing columns"),
+    (load_openb_pods, "p.csv", "name,cpu_milli,memory_mib,num_gpu\na,1,1,0\n", "missing columns ['gpu_milli']"),
     (load_openb_nodes, "n.csv", NODE_HEADER + "a,lots,1,0,\n", "'cpu_milli' is not a number"),
     (load_openb_nodes, "n.csv", NODE_HEADER + "a,1,1,9,G2\n", "gpu count 9"),
     (load_openb_nodes, "n.csv", NODE_HEADER + "a,1,1,2,\n", "no model"),
