@@ -67,6 +67,15 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--plot", default=None, metavar="OUT.png")
     ev.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
 
+    fid = sub.add_parser("fidelity", help="agreement with placements recorded from a real scheduler")
+    fsub = fid.add_subparsers(dest="fcmd", required=True)
+    fk = fsub.add_parser("kube", help="replay a kube-scheduler placement file (../shared/k8s/sim-to-real format)")
+    fk.add_argument("--placements", required=True, metavar="FILE", help="placement file (nodes, bound, sequence)")
+    fk.add_argument("--policy", default="kube-default", help="registry name (default kube-default)")
+    fk.add_argument("--scores", default=None, metavar="FILE",
+                    help="the real scheduler's per-plugin scores (scores-*.json): also compare every score")
+    fk.add_argument("--json", default=None, metavar="OUT.json")
+
     bench = sub.add_parser("bench", help="benchmarks")
     bsub = bench.add_subparsers(dest="bcmd", required=True)
     lat = bsub.add_parser("latency", help="p50/p99 of the learned policy scoring pending pods (ONNX Runtime, 1 core)")
@@ -107,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         spec = EvalSpec(protocol=args.protocol, workload=args.workload, nodes=args.nodes, ratio=args.ratio,
                         horizon_s=args.horizon, record_every_s=args.record_every, tie_break=args.tie_break)
         return eval_command(spec, args.policies, args.seeds, args.json, args.plot, args.workers)
+    if args.cmd == "fidelity":
+        from agmarl_cli.fidelity import fidelity_command  # noqa: PLC0415
+        return fidelity_command(args.placements, args.policy, args.json, args.scores)
     if args.cmd == "bench":
         from agmarl_cli.bench import BenchSpec, latency_command  # noqa: PLC0415
         spec = BenchSpec(nodes=args.nodes, batch=args.batch, model=args.model, steps=args.steps, warmup=args.warmup,

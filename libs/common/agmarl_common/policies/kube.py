@@ -1,5 +1,9 @@
 """kube-scheduler's default scoring plugins with their real formulas, and the policies built on them.
 
+Faithful to kube-scheduler v1.36 (BalancedAllocation scores the change in balance the pod makes,
+since v1.36.0, kubernetes PR #135573); checked plugin by plugin against placements and per-plugin
+scores recorded from a real v1.36 scheduler (``agmarl fidelity kube``, docs/kube-fidelity.md).
+
 Each ``score_*`` is a pure function ``(pod, state, candidates) -> (len(candidates),) float`` of
 0..100 scores, already normalised the way the plugin's NormalizeScore does it over the candidate
 (filtered) nodes. Integer arithmetic follows the Go code (int64 truncation, math.Round where Go
@@ -10,8 +14,10 @@ most_allocated, requested_to_capacity_ratio, balanced_allocation, resource_alloc
 tainttoleration, nodeaffinity, podtopologyspread/scoring.go, interpodaffinity/scoring.go,
 helper.DefaultNormalizeScore and helper.BuildBrokenLinearFunction.
 
-Not modelled: ImageLocality (no images), the system-default spread constraints (they need the
-pod's owning Service/ReplicaSet), VolumeBinding scoring.
+Not modelled: ImageLocality (the model has no images; it scores 0 on every node when nodes report
+no ``status.images``), DynamicResources scoring (no resource claims), the system-default spread
+constraints (they need the pod's owning Service/ReplicaSet), VolumeBinding scoring. The final
+score is sum(weight * plugin score) over the plugins, as the framework sums them.
 
 The scorers live in ``policies.kube_resources`` (resource allocation) and ``policies.kube_affinity``
 (taints, node affinity, topology spread, inter-pod affinity); this module re-exports them and
@@ -43,8 +49,10 @@ from agmarl_common.policies.kube_resources import (
     PACKING_SHAPE,
     WITH_GPU,
     ResourceSpec,
+    balance_score,
     broken_linear,
     default_normalize,
+    pod_request,
     resource_request_and_allocatable,
     score_balanced_allocation,
     score_least_allocated,
@@ -57,7 +65,8 @@ __all__ = [
     "CPU", "DEFAULT_MEMORY_REQUEST_MIB", "DEFAULT_MILLI_CPU_REQUEST", "DEFAULT_PLUGIN_WEIGHTS", "DEFAULT_RESOURCES",
     "GPU", "HARD_POD_AFFINITY_WEIGHT", "MEMORY", "PACKING_SHAPE", "WITH_GPU", "KubeDefaultPolicy",
     "KubeResourcesPolicy", "MostAllocatedPolicy", "RequestedToCapacityRatioPolicy", "ResourceSpec", "Scorer",
-    "WeightedPluginsPolicy", "broken_linear", "default_normalize", "resource_request_and_allocatable",
+    "WeightedPluginsPolicy", "balance_score", "broken_linear", "default_normalize", "pod_request",
+    "resource_request_and_allocatable",
     "score_balanced_allocation", "score_inter_pod_affinity", "score_least_allocated", "score_most_allocated",
     "score_node_affinity", "score_pod_topology_spread", "score_requested_to_capacity_ratio",
     "score_taint_toleration", "zero_request_counts",

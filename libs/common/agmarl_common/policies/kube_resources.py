@@ -68,6 +68,17 @@ def zero_request_counts(state: ClusterState, candidates: np.ndarray) -> tuple[np
     return idx.zero_cpu[c].astype(np.int64), idx.zero_mem[c].astype(np.int64)
 
 
+def pod_request(pod: Pod, name: str) -> int:
+    """The pod's plain request of resource ``name`` (milli-cpu, MiB, GPU milli), no defaults."""
+    if name == CPU:
+        return pod.cpu_milli
+    if name == MEMORY:
+        return pod.memory_mib
+    if name == GPU:
+        return pod.gpu_milli_total if pod.is_gpu_share else pod.num_gpu * GPU_MILLI
+    raise ValueError(f"unknown resource {name!r}")
+
+
 def resource_request_and_allocatable(pod: Pod, state: ClusterState, candidates: np.ndarray, name: str,
                                      non_zero: bool, zero_counts: tuple[np.ndarray, np.ndarray] | None = None
                                      ) -> tuple[np.ndarray, np.ndarray]:
@@ -92,7 +103,7 @@ def resource_request_and_allocatable(pod: Pod, state: ClusterState, candidates: 
             used += DEFAULT_MEMORY_REQUEST_MIB * zero_counts[1]
             req = req or DEFAULT_MEMORY_REQUEST_MIB
     elif name == GPU:
-        req = pod.gpu_milli_total if pod.is_gpu_share else pod.num_gpu * GPU_MILLI
+        req = pod_request(pod, GPU)
         if req == 0:
             return np.zeros(len(c), np.int64), np.zeros(len(c), np.int64)
         used, alloc = state.gpu_used[c].sum(axis=1), state.gpu_count[c] * GPU_MILLI
@@ -165,24 +176,45 @@ def score_requested_to_capacity_ratio(pod: Pod, state: ClusterState, candidates:
     return np.where(wsum > 0, _go_round(total / np.maximum(wsum, 1)), 0).astype(np.float64)
 
 
-def score_balanced_allocation(pod: Pod, state: ClusterState, candidates: np.ndarray,
-                              resources: tuple[ResourceSpec, ...] = DEFAULT_RESOURCES) -> np.ndarray:
-    """NodeResourcesBalancedAllocation: (1 - std of requested/allocatable fractions) * 100.
+def balance_score(fractions: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """int64((1 - std) * 100) of the requested/allocatable fractions, per column (node).
 
-    Two resources: std = |f0 - f1| / 2; more: population std. Fractions are capped at 1 and use
-    plain requests; best-effort pods (no request for any listed resource) are skipped (all 0)."""
-    fracs, has = [], []
-    for spec in resources:
-        req, alloc = resource_request_and_allocatable(pod, state, candidates, spec.name, non_zero=False)
-        fracs.append(np.minimum(req / np.maximum(alloc, 1), 1.0))
-        has.append(alloc > 0)
-    pod_req = {CPU: pod.cpu_milli, MEMORY: pod.memory_mib, GPU: pod.num_gpu * pod.gpu_milli}
-    if all(pod_req[s.name] == 0 for s in resources):
-        return np.zeros(len(candidates), dtype=np.float64)
-    f, h = np.array(fracs).reshape(len(resources), -1), np.array(has).reshape(len(resources), -1)
+    ``fractions`` (resources, nodes) are already capped at 1; only ``present`` resources count.
+    Two resources: std = |(f0 - f1) / 2|; more: population std; fewer: std 0 (score 100).
+    """
+    f, h = np.asarray(fractions, dtype=np.float64), np.asarray(present, dtype=bool)
     n = h.sum(axis=0)
     mean = np.where(n > 0, (f * h).sum(axis=0) / np.maximum(n, 1), 0.0)
     std = np.sqrt(((f - mean) ** 2 * h).sum(axis=0) / np.maximum(n, 1))
     spread = np.where(h, f, -np.inf).max(axis=0) - np.where(h, f, np.inf).min(axis=0)
     std = np.where(n == 2, np.abs(spread) / 2, np.where(n > 2, std, 0.0))  # Go's exact two-resource form
-    return np.trunc((1.0 - std) * MAX_NODE_SCORE)
+    return np.trunc((1.0 - std) * MAX_NODE_SCORE).astype(np.int64)
+
+
+def score_balanced_allocation(pod: Pod, state: ClusterState, candidates: np.ndarray,
+                              resources: tuple[ResourceSpec, ...] = DEFAULT_RESOURCES) -> np.ndarray:
+    """NodeResourcesBalancedAllocation as of v1.36: the change in balance the pod makes.
+
+    with = balance_score(fractions with the pod), without = balance_score(fractions of the node as
+    it is); score = 50 + (50 + with - without) // 2 (Go int64; both lie in 50..100, so the result
+    does too: 75 for no change, towards 100 when the pod improves the balance, towards 50 when it
+    worsens it). Fractions use plain requests (no non-zero defaults) and are capped at 1; a resource
+    the node lacks (allocatable 0) or an extended resource the pod does not request is left out of
+    both. Best-effort pods (no request for any listed resource) are skipped: all 0.
+    """
+    c = np.asarray(candidates, dtype=np.int64)
+    if len(c) == 0 or all(pod_request(pod, s.name) == 0 for s in resources):
+        return np.zeros(len(c), dtype=np.float64)
+    with_pod, without_pod, has = [], [], []
+    for spec in resources:
+        req, alloc = resource_request_and_allocatable(pod, state, c, spec.name, non_zero=False)
+        safe = np.maximum(alloc, 1)
+        with_pod.append(np.minimum(req / safe, 1.0))
+        without_pod.append(np.minimum((req - pod_request(pod, spec.name)) / safe, 1.0))
+        has.append(alloc > 0)
+    shape = (len(resources), len(c))
+    h = np.array(has).reshape(shape)
+    s_with = balance_score(np.array(with_pod).reshape(shape), h)
+    s_without = balance_score(np.array(without_pod).reshape(shape), h)
+    half = MAX_NODE_SCORE // 2
+    return (half + (half + s_with - s_without) // 2).astype(np.float64)

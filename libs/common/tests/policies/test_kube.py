@@ -29,6 +29,7 @@ from agmarl_common.policies.kube import (
     KubeResourcesPolicy,
     MostAllocatedPolicy,
     RequestedToCapacityRatioPolicy,
+    balance_score,
     broken_linear,
     default_normalize,
     score_balanced_allocation,
@@ -64,8 +65,10 @@ ALL2 = np.array([0, 1])
     (score_most_allocated, [50, 31]),
     # packing shape: utilisation == score; n0 50/50 -> 50; n1 12/50 -> round(31.0) = 31
     (score_requested_to_capacity_ratio, [50, 31]),
-    # n0: fractions 0.5, 0.5 -> 100; n1: 0.125, 0.5 -> std 0.1875 -> 81.25 -> 81
-    (score_balanced_allocation, [100, 81]),
+    # v1.36, the change the pod makes: 50 + (50 + with - without) // 2
+    # n0: without 0.25/0.25 -> 100, with 0.5/0.5 -> 100 -> 75
+    # n1: without 0/0 -> 100, with 0.125/0.5 -> std 0.1875 -> 81 -> 50 + 31 // 2 = 65
+    (score_balanced_allocation, [75, 65]),
 ])
 def test_resource_scorers(scorer, expected):
     assert scorer(pod(), state_a(), ALL2).tolist() == expected
@@ -119,11 +122,38 @@ def test_balanced_allocation_three_resources_and_best_effort():
     s = ClusterState.empty([Node("g", 8000, 4000, gpu_count=2)])
     s = bind(s, pod("a", cpu=0, mem=0, num_gpu=1, gpu_milli=1000), 0, (0,))
     p = pod(cpu=1000, mem=2000, num_gpu=1, gpu_milli=1000)
-    # fractions 0.125, 0.5, 1.0: mean 0.5417, population std 0.35843 -> 64.16 -> 64
-    assert score_balanced_allocation(p, s, np.array([0]), WITH_GPU).tolist() == [64]
-    # a pod without GPUs skips the GPU resource: back to the two-resource formula
-    assert score_balanced_allocation(pod(), s, np.array([0]), WITH_GPU).tolist() == [81]
+    # with: fractions 0.125, 0.5, 1.0: mean 0.5417, population std 0.35843 -> 64.16 -> 64
+    # without: 0, 0, 0.5: mean 1/6, std 0.2357 -> 76.4 -> 76; 50 + (50 + 64 - 76) // 2 = 69
+    assert score_balanced_allocation(p, s, np.array([0]), WITH_GPU).tolist() == [69]
+    # a pod without GPUs skips the GPU resource: two resources, with 81, without 100 -> 65
+    assert score_balanced_allocation(pod(), s, np.array([0]), WITH_GPU).tolist() == [65]
     assert score_balanced_allocation(pod(cpu=0, mem=0), s, np.array([0])).tolist() == [0]
+
+
+@pytest.mark.parametrize("fractions, present, expected", [
+    ([[0.5], [0.5]], [[True], [True]], [100]),
+    ([[0.125], [0.5]], [[True], [True]], [81]),  # |0.125 - 0.5| / 2 = 0.1875 -> 81.25, truncated
+    ([[1.0], [0.0]], [[True], [True]], [50]),  # the worst two-resource balance
+    ([[0.9], [0.0]], [[True], [False]], [100]),  # one resource present: std 0
+    ([[0.125], [0.5], [1.0]], [[True], [True], [True]], [64]),  # population std 0.35843
+])
+def test_balance_score(fractions, present, expected):
+    assert balance_score(np.array(fractions), np.array(present)).tolist() == expected
+
+
+@pytest.mark.parametrize("bound, incoming, expected", [
+    # node 1000m / 1000Mi; (bound cpu, mem), (incoming cpu, mem) -> 50 + (50 + with - without) // 2
+    ((0, 0), (500, 500), 75),  # balanced before and after: no change
+    ((0, 1000), (1000, 0), 100),  # perfectly imbalanced (50) -> perfectly balanced (100)
+    ((0, 0), (1000, 0), 50),  # perfectly balanced (100) -> perfectly imbalanced (50)
+    ((0, 400), (200, 0), 80),  # without 0/0.4 -> 80, with 0.2/0.4 -> 90: 50 + 60 // 2
+    ((0, 400), (0, 200), 70),  # without 80, with 0/0.6 -> 70: 50 + 40 // 2
+    ((300, 0), (0, 100), 77),  # without 0.3/0 -> 85, with 0.3/0.1 -> 90: 50 + 55 // 2 (int division)
+    ((2000, 0), (0, 500), 87),  # over-committed cpu caps at 1: without 1/0 -> 50, with 1/0.5 -> 75
+])
+def test_balanced_allocation_change_made_by_the_pod(bound, incoming, expected):
+    s = bind(ClusterState.empty([Node("n", 1000, 1000)]), pod("a", cpu=bound[0], mem=bound[1]), 0)
+    assert score_balanced_allocation(pod(cpu=incoming[0], mem=incoming[1]), s, np.array([0])).tolist() == [expected]
 
 
 def test_least_allocated_with_gpu_resource():
@@ -224,11 +254,11 @@ def test_inter_pod_affinity_score_existing_terms():
 
 def test_policies_combine_plugins_with_default_weights():
     s = state_a()
-    # least [50, 68] + balanced [100, 81]
-    assert KubeResourcesPolicy().score(pod(), s, ALL2).tolist() == [150, 149]
+    # least [50, 68] + balanced [75, 65]
+    assert KubeResourcesPolicy().score(pod(), s, ALL2).tolist() == [125, 133]
     # plus TaintToleration 3 x 100 (no taints); other plugins score 0
-    assert KubeDefaultPolicy().score(pod(), s, ALL2).tolist() == [450, 449]
-    assert select_node(KubeDefaultPolicy(), pod(), s, ALL2) == 0
+    assert KubeDefaultPolicy().score(pod(), s, ALL2).tolist() == [425, 433]
+    assert select_node(KubeDefaultPolicy(), pod(), s, ALL2) == 1
     assert select_node(MostAllocatedPolicy(), pod(), s, ALL2) == 0
     scores = KubeDefaultPolicy().plugin_scores(pod(), s, ALL2)
     assert scores["NodeResourcesFit"].tolist() == [50, 68]
