@@ -14,6 +14,7 @@ trainer's ``publish_model`` writes) through ``fetch_version`` (async, a ``Bus``)
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,18 @@ from typing import Any, Mapping
 from agmarl_common import subjects
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-MODELS_DIR = REPO_ROOT / "models"
+
+
+def _models_dir() -> Path:
+    """``<repo>/models`` in a source checkout; from an installed wheel, the same folders, shipped as the
+    package data of ``agmarl_models`` (setup.py)."""
+    spec = None if (REPO_ROOT / "pyproject.toml").is_file() else importlib.util.find_spec("agmarl_models")
+    if spec is None or not spec.submodule_search_locations:
+        return REPO_ROOT / "models"
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+MODELS_DIR = _models_dir()
 DEFAULT_MODEL_DIR = MODELS_DIR / "default"
 CACHE_DIR = REPO_ROOT / ".state" / "models"  # ignored by git
 MANIFEST = "manifest.json"
