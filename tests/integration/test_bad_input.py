@@ -21,10 +21,11 @@ WRONG_SCHEMA = msgpack.packb({"v": 1, "unexpected": "field"})
 
 # subject -> services that consume it
 CONSUMED = {
-    subjects.pending(CLUSTER): ("graph-builder",),
+    subjects.pending(CLUSTER): ("inference",),
     subjects.snapshot(CLUSTER): ("graph-builder", "reward-calculator", "adaptive-engine"),
+    subjects.event(CLUSTER): ("graph-builder",),
     subjects.graph(CLUSTER): ("inference",),
-    subjects.decision(CLUSTER, "default"): ("state-collector", "graph-builder", "reward-calculator"),
+    subjects.decision(CLUSTER, "default"): ("state-collector", "reward-calculator"),
     subjects.reward(CLUSTER): ("adaptive-engine",),
     subjects.policy_selection(): ("inference",),
     subjects.train_request(): ("trainer",),

@@ -3,7 +3,7 @@ inference service serves exactly what the selection names, on a rollback too.
 
 The adaptive-engine and inference run as processes on the session's nats-server. The active selection
 is the shipped model (``model:default``); a new version is published exactly as the trainer does
-(``TrainerApp.publish_model``). The engine makes it the active selection (KV + history + a
+(``TrainerApp.publish_model``, signed with a throwaway key both services trust). The engine makes it the active selection (KV + history + a
 PolicySelection whose reason starts with "promoted"), the inference service swaps it in and its
 decisions name it; rewards that collapse make the guard roll back to ``model:default``, which the
 inference service serves again.
@@ -18,15 +18,14 @@ import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
 from agmarl_common import messages as m
-from agmarl_common import modelstore, subjects
+from agmarl_common import modelstore, signing, subjects
 from agmarl_common.adaptive import history as hist
 from agmarl_common.bus import Bus
 from agmarl_common.cluster.model import ClusterState, Node, Pod, to_dict
-from agmarl_common.graph import candidate_features
+from agmarl_inference.testing import graph_full
 from agmarl_common.testing import wait_healthy
 from agmarl_trainer.app import TrainerApp
 
@@ -48,7 +47,7 @@ def model_folder(dst: Path, version: str) -> Path:
 
 
 @pytest.mark.asyncio
-async def test_published_model_is_selected_served_and_rolled_back(nats_url, service_processes, tmp_path):
+async def test_published_model_is_selected_served_and_rolled_back(nats_url, service_processes, tmp_path, model_keys):
     version = f"promo-{uuid.uuid4().hex[:8]}"
     bus = await Bus.connect(nats_url, name="test-model-promotion")
     try:
@@ -68,8 +67,8 @@ async def test_published_model_is_selected_served_and_rolled_back(nats_url, serv
         await bus.subscribe(subjects.policy_selection(), on_selection)
         await bus.subscribe(subjects.decision_wildcard(CLUSTER), on_decision)
         await bus.flush()
-        env = {"NATS_URL": nats_url, "AGMARL_CLUSTER": CLUSTER, "AGMARL_HTTP_PORT": "0"}
-        engine = service_processes("agmarl_adaptive_engine", env={**env, "AGMARL_TICK_SECONDS": "0.1"})
+        env = {"NATS_URL": nats_url, "AGMARL_CLUSTER": CLUSTER, "AGMARL_HTTP_PORT": "0", **model_keys.env}
+        engine = service_processes("agmarl_adaptive_engine", env={**env, "AGMARL_ENGINE_TICK_SECONDS": "0.1"})
         inference = service_processes("agmarl_inference", env=env)
         await wait_healthy(bus, "adaptive-engine", timeout=60, proc=engine)
         await wait_healthy(bus, "inference", timeout=60, proc=inference)
@@ -82,11 +81,12 @@ async def test_published_model_is_selected_served_and_rolled_back(nats_url, serv
         nodes = tuple(Node(f"n{k}", cpu_milli=16000, memory_mib=32768) for k in range(4))
         state = ClusterState.empty(nodes)
 
+        await bus.publish(subjects.graph(CLUSTER), graph_full(CLUSTER, state))
+
         async def decide(k: int) -> m.Decision:
             pod = Pod(f"p{k}", 1000, 2048)
-            await bus.publish(subjects.graph(CLUSTER), m.GraphRequest(
-                cluster=CLUSTER, snapshot_seq=k, pod=to_dict(pod), seen_at=time.time(),
-                candidates=[nd.name for nd in nodes], features=candidate_features(state, np.arange(len(nodes)))))
+            await bus.publish(subjects.pending(CLUSTER), m.PendingPod(
+                cluster=CLUSTER, pod=to_dict(pod), seen_at=time.time(), seq=k))
             d = await wait_for(lambda: next((d for d in decisions if d.pod_key == pod.key), None), 15)
             assert d is not None, inference.output()[-3000:]
             return d
@@ -94,7 +94,8 @@ async def test_published_model_is_selected_served_and_rolled_back(nats_url, serv
         assert (await decide(0)).policy == f"model:{default_version}"
 
         # published as the trainer does: the engine promotes it, inference serves it
-        shim = SimpleNamespace(rt=SimpleNamespace(bus=bus, publish=bus.publish))
+        shim = SimpleNamespace(rt=SimpleNamespace(bus=bus, publish=bus.publish),
+                               signing_key=signing.load_private_key(model_keys.key))
         assert await TrainerApp.publish_model(shim, model_folder(tmp_path / version, version)) == version
         promoted = await wait_for(lambda: next((s for s in selections if s.reason.startswith("promoted")), None), 15)
         assert promoted is not None, engine.output()[-3000:]

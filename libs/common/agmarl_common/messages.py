@@ -59,11 +59,12 @@ class PendingPod(Message):
 class ClusterSnapshot(Message):
     KIND: ClassVar[str] = "snapshot"
     cluster: str
-    seq: int
+    seq: int  # the producer's sequence: snapshots and events share it (a snapshot includes every event before it)
     time: float
     state: dict[str, Any]
     pending: list[dict[str, Any]] = []
     stats: dict[str, float] = {}
+    epoch: str = ""  # the producer's run: a new epoch resets every cluster view
 
 
 EventType = Literal["pod_added", "pod_bound", "pod_deleted", "pod_failed", "pod_evicted",
@@ -80,20 +81,30 @@ class ClusterEvent(Message):
     reason: str = ""
     time: float
     decision_id: str = ""
+    epoch: str = ""  # the producer's run (see ClusterSnapshot.epoch)
+    pod: dict[str, Any] = {}  # pod_bound: the pod as bound (a cluster view places it)
+    gpus: list[int] = []  # pod_bound: the GPU devices it got
 
 
-class GraphRequest(Message):
-    KIND: ClassVar[str] = "graph"
+class GraphUpdate(Message):
+    """graph-builder's versioned whole-cluster graph: a full state (``full``) or the changes since the
+    previous version (``agmarl_common.cluster.changes``). Versions of one ``epoch`` are consecutive."""
+    KIND: ClassVar[str] = "graph_update"
     cluster: str
-    snapshot_seq: int
-    pod: dict[str, Any]
-    seen_at: float
-    candidates: list[str]
-    features: dict[str, list] = {}
-    filtered_out: dict[str, str] = {}
-    # per inference replica, the highest decision ``origin_seq`` already reflected in ``features``:
-    # inference overlays its own later (in-flight) decisions, so pipelined pods do not collide
-    decisions_seen: dict[str, int] = {}
+    epoch: str
+    version: int
+    full: bool
+    state: dict[str, Any] = {}  # full: the compact state (cluster.compact)
+    changes: list[dict[str, Any]] = []  # delta: changes in order
+    time: float
+
+
+class GraphSync(Message):
+    """A cluster view asks graph-builder for the current full graph (request/reply; reply GraphUpdate,
+    ``state`` empty while graph-builder has no snapshot yet)."""
+    KIND: ClassVar[str] = "graph_sync"
+    cluster: str
+    replica: str = ""
 
 
 class Decision(Message):
@@ -117,7 +128,7 @@ class Decision(Message):
     decided_at: float
     source: Literal["loop", "extender", "batch"] = "loop"
     origin: str = ""  # the deciding inference replica
-    origin_seq: int = 0  # its decision counter (see GraphRequest.decisions_seen)
+    origin_seq: int = 0  # its decision counter
 
 
 class Reward(Message):
@@ -208,7 +219,7 @@ class HealthStatus(Message):
 
 
 MESSAGES: dict[str, type[Message]] = {cls.KIND: cls for cls in (
-    PendingPod, ClusterSnapshot, ClusterEvent, GraphRequest, Decision, Reward, Experience,
+    PendingPod, ClusterSnapshot, ClusterEvent, GraphUpdate, GraphSync, Decision, Reward, Experience,
     PolicySelection, TrainRequest, TrainStatus, ModelPublished, DeadLetter, HealthStatus, SelectionRefused)}
 
 

@@ -33,7 +33,13 @@ def event(cluster: str) -> str:
 
 
 def graph(cluster: str) -> str:
+    """graph-builder's versioned cluster graph (GraphUpdate: full states and deltas)."""
     return f"{PREFIX}.graph.{token(cluster)}"
+
+
+def graph_sync(cluster: str) -> str:
+    """Request/reply: a cluster view asks graph-builder for the current full graph (reply: GraphUpdate)."""
+    return f"{PREFIX}.graph_sync.{token(cluster)}"
 
 
 def decision(cluster: str, namespace: str) -> str:
@@ -145,24 +151,26 @@ class CatalogueEntry:
 _C, _N, _S = "{cluster}", "{namespace}", "{service}"
 
 CATALOGUE: list[CatalogueEntry] = [
-    CatalogueEntry(f"{PREFIX}.pending.{_C}", "pending_pod", "state-collector", ("graph-builder", "inference"),
-                   None, "A pod waiting to be scheduled (inference takes the batch scheduler's pods in batch mode)"),
+    CatalogueEntry(f"{PREFIX}.pending.{_C}", "pending_pod", "state-collector", ("inference",),
+                   None, "A pod waiting to be scheduled: inference decides it on its cluster view, no round trip"),
     CatalogueEntry(f"{PREFIX}.snapshot.{_C}", "snapshot", "state-collector",
-                   ("graph-builder", "inference", "reward-calculator", "adaptive-engine"), None,
-                   "Full cluster state with pending pods and utilisation statistics"),
+                   ("graph-builder", "reward-calculator", "adaptive-engine", "cli"), None,
+                   "Full cluster state with pending pods and utilisation statistics (epoch, seq shared with events)"),
     CatalogueEntry(f"{PREFIX}.event.{_C}", "event", "state-collector",
-                   ("cli",), None,
-                   "Pod and node lifecycle outcomes (EVENTS stream optional)"),
-    CatalogueEntry(f"{PREFIX}.graph.{_C}", "graph", "graph-builder", ("inference",), None,
-                   "Per-pod scheduling round: candidates after the hard filter and graph features"),
+                   ("graph-builder", "cli"), None,
+                   "Pod and node lifecycle outcomes in order (epoch, seq); pod_bound carries the pod"),
+    CatalogueEntry(f"{PREFIX}.graph.{_C}", "graph_update", "graph-builder", ("inference",), None,
+                   "The versioned whole-cluster graph: full states and ordered changes (cluster views replicate it)"),
+    CatalogueEntry(f"{PREFIX}.graph_sync.{_C}", "graph_sync", "inference", ("graph-builder",), None,
+                   "Request/reply: a cluster view asks graph-builder for the current full graph (reply graph_update)"),
     CatalogueEntry(f"{PREFIX}.decision.{_C}.{_N}", "decision", "inference",
-                   ("state-collector", "graph-builder", "reward-calculator", "cli"), DECISIONS.name,
+                   ("state-collector", "reward-calculator", "cli"), DECISIONS.name,
                    "A scheduling decision with scores and explanation (decision log)"),
     CatalogueEntry(f"{PREFIX}.reward.{_C}", "reward", "reward-calculator", ("adaptive-engine",), None,
                    "Reward of one decision with every component"),
     CatalogueEntry(f"{PREFIX}.experience.{_C}", "experience", "reward-calculator", ("trainer",),
                    EXPERIENCE.name, "Transition (state, action, reward, next state) for training"),
-    CatalogueEntry(f"{PREFIX}.policy_selection", "policy_selection", "adaptive-engine", ("inference",),
+    CatalogueEntry(f"{PREFIX}.policy_selection", "policy_selection", "adaptive-engine,cli", ("inference",),
                    None, "Active policy change (also written to KV agmarl_config/active_policy)"),
     CatalogueEntry(f"{PREFIX}.selection_refused", "selection_refused", "inference", ("adaptive-engine",),
                    None, "The newest selection's model could not be loaded (not found, digest, load): inference "

@@ -7,7 +7,7 @@ import pytest
 
 from agmarl_common.messages import (
     DEAD_LETTER_PAYLOAD_BYTES, MAX_MESSAGE_BYTES, MESSAGES, ClusterEvent, ClusterSnapshot, DeadLetter, Decision,
-    DecodeError, Experience, GraphRequest, HealthStatus, ModelPublished, PendingPod, PolicySelection, Reward,
+    DecodeError, Experience, GraphSync, GraphUpdate, HealthStatus, ModelPublished, PendingPod, PolicySelection, Reward,
     SelectionRefused, TrainRequest, TrainStatus, dead_letter, decode, encode)
 
 POD = {"name": "p0", "namespace": "team-a", "cpu_milli": 500, "memory_mib": 256, "gpu_count": 1}
@@ -18,9 +18,10 @@ SAMPLES = [
     ClusterSnapshot(cluster="sim", seq=4, time=10.0, state=STATE, pending=[POD],
                     stats={"cpu_util": 0.25, "pending": 1.0}),
     ClusterEvent(cluster="sim", seq=5, type="pod_bound", pod_key="team-a/p0", node="n0", time=11.0,
-                 decision_id="d1"),
-    GraphRequest(cluster="sim", snapshot_seq=4, pod=POD, seen_at=1.5, candidates=["n0", "n1"],
-                 features={"node_x": [[0.1, 0.2], [0.3, 0.4]]}, filtered_out={"n2": "insufficient cpu"}),
+                 decision_id="d1", epoch="e1", pod=POD, gpus=[0]),
+    GraphUpdate(cluster="sim", epoch="g1", version=7, full=False,
+                changes=[{"op": "bound", "pod": POD, "node": "n0", "gpus": [0]}], time=11.5),
+    GraphSync(cluster="sim", replica="r1"),
     Decision(decision_id="d1", cluster="sim", namespace="team-a", pod_key="team-a/p0", node="n0", gpus=[0],
              policy="gnn", model_version="m3", mode="hybrid", score=0.8, scores={"n0": 0.8, "n1": 0.4},
              model_scores={"n0": 0.9}, default_scores={"n0": 0.6}, explanation={"top": ["cpu"]},
@@ -55,10 +56,10 @@ def test_round_trip(msg):
 
 
 def test_numpy_values_encode_as_plain_lists():
-    msg = GraphRequest(cluster="sim", snapshot_seq=1, pod=POD, seen_at=0.0, candidates=["n0"],
-                       features={"node_x": np.arange(4, dtype=np.float32).reshape(2, 2)})
-    again = decode(GraphRequest, encode(msg))
-    assert again.features["node_x"] == [[0.0, 1.0], [2.0, 3.0]]
+    msg = GraphUpdate(cluster="sim", epoch="g", version=1, full=True, time=0.0,
+                      state={"node_x": np.arange(4, dtype=np.float32).reshape(2, 2)})
+    again = decode(GraphUpdate, encode(msg))
+    assert again.state["node_x"] == [[0.0, 1.0], [2.0, 3.0]]
 
 
 def _raw(**fields):

@@ -20,7 +20,7 @@ def _gen_proto():
     return module
 
 
-@pytest.mark.parametrize("name", ["messages.schema.json", "subjects.yaml"])
+@pytest.mark.parametrize("name", ["messages.schema.json", "subjects.yaml", "permissions.md"])
 def test_committed_proto_matches_code(name):
     expected = _gen_proto().render()[name]
     path = ROOT / "proto" / name
@@ -46,7 +46,8 @@ def _matches(pattern: str, subject: str) -> bool:
 
 @pytest.mark.parametrize("subject,kind", [
     (subjects.pending("c"), "pending_pod"), (subjects.snapshot("c"), "snapshot"), (subjects.event("c"), "event"),
-    (subjects.graph("c"), "graph"), (subjects.decision("c", "ns"), "decision"), (subjects.reward("c"), "reward"),
+    (subjects.graph("c"), "graph_update"), (subjects.graph_sync("c"), "graph_sync"),
+    (subjects.decision("c", "ns"), "decision"), (subjects.reward("c"), "reward"),
     (subjects.experience("c"), "experience"), (subjects.policy_selection(), "policy_selection"),
     (subjects.train_request(), "train_request"), (subjects.train_status(), "train_status"),
     (subjects.model_published(), "model_published"), (subjects.dead_letter("s"), "dead_letter"),

@@ -1,20 +1,29 @@
-"""graph-builder: snapshots and decisions keep the graph cache current; each pending pod becomes a
-graph request (candidates after the hard filter and their features), continuing the pod's trace."""
+"""graph-builder: owns the whole-cluster graph (nodes, topology, bound pods) and publishes it versioned.
+
+It applies the state-collector's snapshots and ordered events to a ``ClusterView`` and publishes each
+change as a ``GraphUpdate``: a delta (the ``cluster.changes`` an event or a snapshot diff makes) or, when
+the node set changed or the collector restarted, the full state. Versions are consecutive within
+graph-builder's own epoch, so a replica (inference's cluster view) that misses one asks for the full
+graph on ``graph_sync``. Per pending pod nothing happens here: inference decides on its replica.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections import deque
+import uuid
+from typing import Any
 
 from prometheus_client import Counter, Gauge
 
 from agmarl_common import messages as m
 from agmarl_common import subjects
-from agmarl_common.cluster.model import pod_from_dict
+from agmarl_common.cluster import changes as ch
+from agmarl_common.cluster.compact import compact_snapshot
+from agmarl_common.cluster.model import state_from_dict
+from agmarl_common.cluster.view import ClusterView
 from agmarl_common.service import HandlerContext, ServiceRuntime
 from agmarl_common.settings import load_settings
-from agmarl_common.telemetry import extract
-from agmarl_graph_builder.cache import GraphCache, coupled
 from agmarl_graph_builder.settings import GraphBuilderSettings
 
 SERVICE = "graph-builder"
@@ -24,70 +33,83 @@ class GraphBuilderApp:
     def __init__(self, rt: ServiceRuntime, settings: GraphBuilderSettings):
         self.rt = rt
         self.settings = settings
-        self.cache = GraphCache()
-        self.buffer: list[tuple[m.PendingPod, dict]] = []  # waiting for the first snapshot
-        self.deferred: deque[tuple[m.PendingPod, dict]] = deque()  # waiting for coupled peers' decisions
-        self.graphs = Counter("agmarl_graphs_built_total", "Graph requests built", registry=rt.registry)
-        self.seq_gauge = Gauge("agmarl_graph_snapshot_seq", "Sequence of the cached snapshot", registry=rt.registry)
+        self.view = ClusterView()  # observed only: graph-builder never assumes
+        self.epoch = uuid.uuid4().hex  # graph versions of this process
+        self.version = 0
+        self.full_state: dict[str, Any] | None = None  # compact form of the view at ``full_version``
+        self.full_version = -1
+        self.lock = asyncio.Lock()  # one update at a time, in order
+        reg = rt.registry
+        self.updates = Counter("agmarl_graph_updates_total", "Graph versions published", ["kind"], registry=reg)
+        self.version_gauge = Gauge("agmarl_graph_version", "Current graph version", registry=reg)
+        self.dropped = Counter("agmarl_graph_events_dropped_total",
+                               "Collector events not applied (stale, before the first snapshot, or unusable)",
+                               ["reason"], registry=reg)
+
+    def details(self) -> dict[str, Any]:
+        state = self.view.state
+        return {"graph_version": self.version, "graph_epoch": self.epoch, "collector_seq": self.view.seq,
+                "nodes": state.n_nodes if state is not None else 0,
+                "bound_pods": len(self.view.where), "resets": self.view.resets, "gaps": self.view.gaps}
+
+    async def _publish(self, full: bool, state: dict[str, Any] | None = None,
+                       changes: list[dict[str, Any]] | None = None) -> None:
+        self.version += 1
+        self.version_gauge.set(self.version)
+        self.updates.labels(kind="full" if full else "delta").inc()
+        if full:
+            self.full_state, self.full_version = state, self.version
+        await self.rt.publish(subjects.graph(self.settings.cluster), m.GraphUpdate(
+            cluster=self.settings.cluster, epoch=self.epoch, version=self.version, full=full,
+            state=state or {}, changes=changes or [], time=time.time()))
 
     async def on_snapshot(self, msg: m.ClusterSnapshot, ctx: HandlerContext) -> None:
-        if msg.cluster != self.settings.cluster or not self.cache.on_snapshot(msg.seq, msg.state, time.time()):
-            return
-        self.seq_gauge.set(msg.seq)
-        buffered, self.buffer = self.buffer, []
-        for pending, headers in buffered:
-            await self._build_later(pending, headers)
-        await self._release_deferred()
-
-    async def on_decision(self, msg: m.Decision, ctx: HandlerContext) -> None:
-        if msg.cluster == self.settings.cluster:
-            self.cache.on_decision(msg.pod_key, msg.node, tuple(msg.gpus), time.time(), msg.origin,
-                                  msg.origin_seq)
-            await self._release_deferred()
-
-    async def _release_deferred(self) -> None:
-        """Build deferred pods, in arrival order, as far as their coupled peers are decided."""
-        now = time.time()
-        while self.deferred:
-            pending, headers = self.deferred[0]
-            if self.cache.waits(pod_from_dict(pending.pod), now, self.settings.coupled_timeout_seconds):
-                return
-            self.deferred.popleft()
-            await self._build_later(pending, headers)
-
-    async def _build_later(self, pending: m.PendingPod, headers: dict) -> None:
-        # continue the pod's own trace, not the trace of the message that released it
-        with self.rt.tracer.start_as_current_span(f"{SERVICE} pending_pod", context=extract(headers)) as span:
-            await self._build(pending, span)
-
-    async def on_pending(self, msg: m.PendingPod, ctx: HandlerContext) -> None:
         if msg.cluster != self.settings.cluster:
             return
-        if self.cache.state is None:
-            if len(self.buffer) < self.settings.max_buffered:
-                self.buffer.append((msg, dict(ctx.headers or {})))
-            else:
-                self.rt.log.warning("no snapshot yet and buffer full: dropping pending pod %s (it will be re-announced)",
-                                    msg.pod.get("name"))
+        if self.view.position(msg.epoch, msg.seq) == "stale":
             return
-        pod = pod_from_dict(msg.pod)
-        if self.deferred or self.cache.waits(pod, time.time(), self.settings.coupled_timeout_seconds):
-            if self.deferred and not coupled(pod):
-                await self._build(msg, ctx.span)  # independent pods never wait behind coupled ones
+        state = await asyncio.to_thread(state_from_dict, msg.state)
+        async with self.lock:
+            pos = self.view.position(msg.epoch, msg.seq)
+            if pos == "stale":  # events after it were applied while it decoded
                 return
-            self.deferred.append((msg, dict(ctx.headers or {})))
-            return
-        await self._build(msg, ctx.span)
+            old = self.view.state
+            diff = ch.diff(old, state) if old is not None and pos != "reset" else None
+            self.view.apply_snapshot(msg.epoch, msg.seq, state)
+            if diff is None:
+                await self._publish(True, state=msg.state)  # the view now equals the snapshot: forward it
+            elif diff:
+                self.rt.log.debug("snapshot seq %d repaired %d changes the events had not", msg.seq, len(diff))
+                await self._publish(False, changes=diff)
 
-    async def _build(self, msg: m.PendingPod, span) -> None:
-        pod = pod_from_dict(msg.pod)
-        names, features, reasons = self.cache.build(pod, self.settings.max_reasons, time.time())
-        span.set_attribute("agmarl.pod", pod.key)
-        span.set_attribute("agmarl.candidates", len(names))
-        self.graphs.inc()
-        await self.rt.publish(subjects.graph(self.settings.cluster), m.GraphRequest(
-            cluster=msg.cluster, snapshot_seq=self.cache.seq, pod=msg.pod, seen_at=msg.seen_at,
-            candidates=names, features=features, filtered_out=reasons, decisions_seen=dict(self.cache.seen)))
+    async def on_event(self, msg: m.ClusterEvent, ctx: HandlerContext) -> None:
+        if msg.cluster != self.settings.cluster:
+            return
+        async with self.lock:
+            if not self.view.accept(msg.epoch, msg.seq):
+                self.dropped.labels(reason="stale" if self.view.warm else "no_snapshot").inc()
+                return
+            try:
+                change = ch.from_event(msg.type, msg.pod_key, msg.node, msg.pod, list(msg.gpus))
+                if change is None:
+                    return
+                ch.apply(self.view, [change])
+            except (ValueError, KeyError, TypeError) as exc:
+                self.dropped.labels(reason="unusable").inc()
+                self.rt.log.warning("event seq %d (%s) not applied: %s; the next snapshot repairs the view",
+                                    msg.seq, msg.type, exc)
+                return
+            await self._publish(False, changes=[change])
+
+    async def on_sync(self, msg: m.GraphSync, ctx: HandlerContext) -> m.GraphUpdate:
+        """A replica asks for the full graph: the current view, compacted (cached until it changes)."""
+        async with self.lock:
+            state = self.view.state
+            if state is not None and (self.full_version != self.version or self.full_state is None):
+                self.full_state = await asyncio.to_thread(compact_snapshot, state)
+                self.full_version = self.version
+            return m.GraphUpdate(cluster=self.settings.cluster, epoch=self.epoch, version=self.version, full=True,
+                                 state=self.full_state if state is not None else {}, time=time.time())
 
 
 async def main() -> int:
@@ -96,7 +118,8 @@ async def main() -> int:
     app = GraphBuilderApp(rt, settings)
     cluster = settings.cluster
     rt.handle(subjects.snapshot(cluster), m.ClusterSnapshot)(app.on_snapshot)
-    rt.handle(subjects.decision_wildcard(cluster), m.Decision)(app.on_decision)
-    rt.handle(subjects.pending(cluster), m.PendingPod, queue=settings.queue_group)(app.on_pending)
+    rt.handle(subjects.event(cluster), m.ClusterEvent)(app.on_event)
+    rt.handle_request(subjects.graph_sync(cluster), m.GraphSync, m.GraphUpdate)(app.on_sync)
+    rt.health_details = app.details
     await rt.start()
     return await rt.run_until_stopped()

@@ -1,4 +1,5 @@
-"""inference: graph requests in, decisions out (to the JetStream decision log), with the active
+"""inference: pending pods in, decisions out (to the JetStream decision log), decided on the process's
+cluster view (graph-builder's graph replicated, plus this replica's assumed decisions) with the active
 policy chosen by the adaptive-engine through the KV store."""
 
 from __future__ import annotations
@@ -14,20 +15,20 @@ from agmarl_common import messages as m
 from agmarl_common import subjects
 from agmarl_common.cluster.model import pod_from_dict
 from agmarl_common.cluster.selectors import matches_label_selector
-from agmarl_common.graph import state_from_features
 from agmarl_common.kubeconvert import parse_label_selector
 from agmarl_common.policies.registry import get_policy
 from agmarl_common.service import HandlerContext, ServiceRuntime
 from agmarl_common.settings import load_settings
 from agmarl_inference.batch import start_batch_mode
-from agmarl_inference.decide import decide
+from agmarl_inference.decide import decide, tie_order
 from agmarl_inference.models import ModelRegistry
-from agmarl_inference.overlay import InFlight
 from agmarl_inference.http import setup_extender, start_extender
+from agmarl_inference.replica import GraphReplica
 from agmarl_inference.settings import InferenceSettings
 
 SERVICE = "inference"
-STARTUP_SELECTION_WAIT_S = 5.0  # a graph request at start-up waits at most this long for the KV selection
+STARTUP_SELECTION_WAIT_S = 5.0  # a pending pod at start-up waits at most this long for the KV selection
+STARTUP_VIEW_WAIT_S = 10.0  # ... and this long for the first full graph (else the collector announces it again)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
@@ -39,11 +40,15 @@ class InferenceApp:
         self.policy = self.default
         self.model_version = ""
         self.mode = settings.rollout_mode
-        self.replica = uuid.uuid4().hex[:12]  # this replica's name in Decision.origin
+        self.name = uuid.uuid4().hex[:12]  # this replica's name in Decision.origin
+        self.seq = 0  # its decision counter (Decision.origin_seq)
         self.canary: tuple[object, str] | None = None  # (policy, version) tried only on opted-in pods
         self.canary_selector = parse_label_selector(settings.canary_label_selector) \
             if settings.canary_label_selector else None
-        self.in_flight = InFlight()
+        self.replica = GraphReplica(rt, settings.cluster, settings.assume_ttl_seconds)
+        self.view = self.replica.view  # the one cluster view: this loop, the extender and the batch scheduler
+        self._rank_key: object = None
+        self._rank = None
         # cleared by main() until the KV selection was read, so that no pod is decided on the start-up policy
         self.selection_loaded = asyncio.Event()
         self.selection_loaded.set()
@@ -112,37 +117,60 @@ class InferenceApp:
     async def on_model_published(self, msg: m.ModelPublished, ctx: HandlerContext) -> None:
         await self.models.on_published(msg)  # cached only: the active policy follows the selection
 
-    async def on_graph(self, msg: m.GraphRequest, ctx: HandlerContext) -> None:
-        if msg.cluster != self.settings.cluster:
-            return
-        pod = pod_from_dict(msg.pod)
-        if self.settings.batch_scheduler_name and pod.scheduler_name == self.settings.batch_scheduler_name:
-            return  # batch mode places these pods jointly
+    def tie_rank(self, state):
+        """Per-node tie order of the current node set (cached: nodes change rarely)."""
+        if self._rank_key is not state.nodes:
+            self._rank_key, self._rank = state.nodes, tie_order(state)
+        return self._rank
+
+    async def _ready(self) -> bool:
+        """Wait (at start-up only) for the KV selection and the first full graph."""
         if not self.selection_loaded.is_set():
             try:
                 await asyncio.wait_for(self.selection_loaded.wait(), STARTUP_SELECTION_WAIT_S)
             except asyncio.TimeoutError:
                 pass  # decide on the current policy rather than stall scheduling
-        now = time.time()
-        # this replica's decisions the graph does not show yet take their resources first
-        state = self.in_flight.apply(state_from_features(msg.features), msg.decisions_seen.get(self.replica, 0), now)
+        if not self.view.warm:
+            self.replica.request_sync("cold")
+            try:
+                await asyncio.wait_for(self.replica.ready.wait(), STARTUP_VIEW_WAIT_S)
+            except asyncio.TimeoutError:
+                return False
+        return self.view.warm
+
+    async def on_pending(self, msg: m.PendingPod, ctx: HandlerContext) -> None:
+        if msg.cluster != self.settings.cluster:
+            return
+        pod = pod_from_dict(msg.pod)
+        if self.settings.batch_scheduler_name and pod.scheduler_name == self.settings.batch_scheduler_name:
+            return  # batch mode places these pods jointly
+        if not await self._ready():
+            self.decisions.labels(policy=self.policy.name, mode=self.mode, source="loop", result="no_view").inc()
+            self.rt.log.warning("no cluster view yet: pod %s left for the next announcement", pod.key)
+            return
+        if self.view.is_assumed(pod.key) or self.view.node_of(pod.key):
+            return  # decided already (its binding is on the way) or bound: an announcement raced the bind
+        state = self.view.state
         policy, version = self.policy_for(pod)
         choice = decide(pod, state, policy, self.default, self.mode, self.settings.hybrid_model_weight,
-                        msg.filtered_out, self.settings.explain_model)
+                        self.settings.explain_model, self.tie_rank(state))
         decided_at = time.time()
-        seq = self.in_flight.record(pod, choice.node, choice.gpus, decided_at)
+        if choice.node and self.mode != "shadow":
+            self.view.assume(pod, choice.node, choice.gpus, decided_at)
+        self.seq += 1
         result = "scheduled" if choice.node else "unschedulable"
         span = ctx.span
         span.set_attribute("agmarl.pod", pod.key)
         span.set_attribute("agmarl.node", choice.node)
         span.set_attribute("agmarl.policy", policy.name)
+        span.set_attribute("agmarl.view_version", self.view.seq)
         trace_id = format(span.get_span_context().trace_id, "032x") if span.get_span_context().is_valid else ""
         decision = m.Decision(
             decision_id=uuid.uuid4().hex, cluster=msg.cluster, namespace=pod.namespace, pod_key=pod.key,
             node=choice.node, gpus=list(choice.gpus), policy=policy.name, model_version=version,
             mode=self.mode, score=choice.score, scores=choice.scores, model_scores=choice.model_scores,
             default_scores=choice.default_scores, explanation=choice.explanation, trace_id=trace_id,
-            seen_at=msg.seen_at, decided_at=decided_at, source="loop", origin=self.replica, origin_seq=seq)
+            seen_at=msg.seen_at, decided_at=decided_at, source="loop", origin=self.name, origin_seq=self.seq)
         await ctx.publish(subjects.decision(msg.cluster, pod.namespace), decision, js=True,
                           msg_id=decision.decision_id)
         self.decisions.labels(policy=policy.name, mode=self.mode, source="loop", result=result).inc()
@@ -161,14 +189,15 @@ async def main() -> int:
     settings = load_settings(InferenceSettings)
     rt = ServiceRuntime(SERVICE, settings)
     app = InferenceApp(rt, settings)
-    rt.handle(subjects.graph(settings.cluster), m.GraphRequest, queue=settings.queue_group)(app.on_graph)
+    rt.handle(subjects.pending(settings.cluster), m.PendingPod, queue=settings.pending_queue_group)(app.on_pending)
+    rt.handle(subjects.graph(settings.cluster), m.GraphUpdate)(app.replica.on_update)
     rt.handle(subjects.policy_selection(), m.PolicySelection)(app.on_policy)
     rt.handle(subjects.model_published(), m.ModelPublished)(app.on_model_published)
     rt.health_details = lambda: {"policy": app.policy.name, "model_version": app.model_version,
-                                 **app.models.details()}
-    extender = setup_extender(rt, app, settings, decisions=app.decisions)
+                                 **app.models.details(), **app.replica.details()}
+    extender = setup_extender(rt, app, settings, app.view, decisions=app.decisions)
     if settings.batch_scheduler_name:
-        start_batch_mode(rt, settings, policy=lambda: app.policy)
+        start_batch_mode(rt, settings, policy=lambda: app.policy, view=app.view)
     app.selection_loaded.clear()  # graph requests that arrive from now on wait for the KV selection
     await rt.start()
     try:
@@ -179,6 +208,8 @@ async def main() -> int:
             rt.log.info("no active policy in KV yet (%s); using %s", exc, app.policy.name)
     finally:
         app.selection_loaded.set()
+    app.replica.request_sync("start")
+    rt.spawn(app.replica.expire_loop(), name="assumed-expiry")
     await app.models.start()
     await start_extender(rt, extender, settings)
     # Everything that exists now (modules, FastAPI, pydantic schemas, OTel, NATS) lives as long as the

@@ -1,11 +1,12 @@
-"""Batch mode, the I/O shell: the second scheduler (``schedulerName: agmarl-scheduler``) places its
+"""Batch mode, the I/O shell: the second scheduler (``schedulerName: agmarl-batch-scheduler``) places its
 pending pods a batch at a time and creates their Bindings with the official ``kubernetes`` client.
 
 Inputs from the bus: ``PendingPod`` (published by the state-collector for pods naming the batch
 scheduler) and ``ClusterSnapshot`` (the state decisions start from). A batch closes after
 ``window_s`` or ``max_pods`` pods; ``batchcore.decide_batch`` places it jointly; every placement is
-bound through ``pods/{name}/binding``. Bound placements stay "assumed" in the decision state until a
-snapshot shows them (as kube-scheduler's assume cache does), so the next batch cannot over-commit.
+bound through ``pods/{name}/binding``. Decisions start from the process's ``ClusterView`` (the one every
+decider shares); bound placements stay assumed in it until the collector reports them (kube-scheduler's
+assume cache), so the next batch, the loop and the extender cannot over-commit.
 
 Failures never lose a pod (``batchcore.Ledger``): an API error or timeout is retried on the same
 node with exponential backoff up to ``bind_attempts`` times, then the placement is released and the
@@ -20,13 +21,12 @@ Hooked into the inference app with ``start_batch_mode(rt, settings)`` only.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any
 
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -34,7 +34,10 @@ from prometheus_client import Counter, Gauge
 
 from agmarl_common import messages as m
 from agmarl_common import subjects
-from agmarl_common.cluster.model import AGMARL_SCHEDULER, ClusterState, Pod, bind, pod_from_dict, state_from_dict
+from agmarl_common.cluster.model import ClusterState, pod_from_dict, state_from_dict
+from agmarl_common.cluster.view import ClusterView
+from agmarl_common.cluster.specs import AGMARL_BATCH_SCHEDULER
+from agmarl_common.kubeclient import load_api_client
 from agmarl_common.policies.base import Policy
 from agmarl_common.policies.registry import get_policy
 from agmarl_common.service import HandlerContext, ServiceRuntime
@@ -43,7 +46,7 @@ from agmarl_inference.batchcore import Ledger, Placement, decide_batch
 
 @dataclass(frozen=True)
 class BatchConfig:
-    scheduler_name: str = AGMARL_SCHEDULER
+    scheduler_name: str = AGMARL_BATCH_SCHEDULER
     window_s: float = 0.2  # a batch closes this long after its first pod ...
     max_pods: int = 64  # ... or when it has this many
     bind_attempts: int = 3  # tries per placement before it is released
@@ -51,12 +54,13 @@ class BatchConfig:
     bind_timeout_s: float = 5.0  # per Binding request
     retry_s: float = 2.0  # released / unschedulable pods wait this long before the next batch
     assume_ttl_s: float = 30.0  # forget an assumed binding the snapshots never confirmed
-    kubeconfig: str = ""  # empty = $KUBECONFIG, else in-cluster, else ~/.kube/config
+    kubeconfig: str = ""  # empty = $KUBECONFIG, else in-cluster, else ~/.kube/config (agmarl_common.kubeclient)
+    kube_context: str = ""  # empty = the kubeconfig's current context
     mode: str = "full"
 
     @classmethod
     def from_settings(cls, settings: Any) -> "BatchConfig":
-        """``batch_<field>`` settings (and ``batch_scheduler_name``, ``kubeconfig``, ``rollout_mode``)
+        """``batch_<field>`` settings (and ``batch_scheduler_name``, ``kubeconfig``, ``kube_context``, ``rollout_mode``)
         where the settings object has them; defaults otherwise."""
         data = settings.model_dump()
         out: dict[str, Any] = {}
@@ -68,19 +72,6 @@ class BatchConfig:
         if data.get("rollout_mode"):
             out["mode"] = data["rollout_mode"]
         return cls(**out)
-
-
-def load_api_client(kubeconfig: str = "") -> client.ApiClient:
-    """From ``kubeconfig``, else $KUBECONFIG, else in-cluster config in a pod, else ~/.kube/config."""
-    cfg = client.Configuration()
-    path = kubeconfig or os.environ.get("KUBECONFIG", "")
-    if path:
-        config.load_kube_config(config_file=path, client_configuration=cfg)
-    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config(client_configuration=cfg)
-    else:
-        config.load_kube_config(client_configuration=cfg)
-    return client.ApiClient(cfg)
 
 
 def create_binding(api: client.CoreV1Api, namespace: str, name: str, node: str, timeout: float) -> None:
@@ -105,12 +96,13 @@ def create_binding(api: client.CoreV1Api, namespace: str, name: str, node: str, 
 
 class BatchBinder:
     def __init__(self, rt: ServiceRuntime, cfg: BatchConfig, cluster: str, api: client.CoreV1Api,
-                 policy: Callable[[], Policy], clock: Callable[[], float] = time.time):
+                 policy: Callable[[], Policy], clock: Callable[[], float] = time.time, view: ClusterView | None = None):
         self.rt, self.cfg, self.cluster, self.api, self.policy, self.clock = rt, cfg, cluster, api, policy, clock
         self.ledger = Ledger()
-        self.state: ClusterState | None = None
+        # the shared cluster view (inference's replica); alone (tests) the binder keeps its own from snapshots
+        self.own_view = view is None
+        self.view = view if view is not None else ClusterView(assume_ttl=cfg.assume_ttl_s)
         self.snapshot_time = 0.0
-        self.assumed: dict[str, tuple[Pod, tuple[int, ...], float]] = {}  # key -> (placed pod, gpus, at)
         self.contexts: dict[str, otel_context.Context] = {}  # pod key -> trace of its PendingPod
         self.wake = asyncio.Event()
         self.inflight: set[asyncio.Task] = set()
@@ -136,35 +128,34 @@ class BatchBinder:
     async def on_snapshot(self, msg: m.ClusterSnapshot, ctx: HandlerContext) -> None:
         if msg.cluster != self.cluster:
             return
-        self.state = state_from_dict(msg.state)
+        if self.own_view:
+            self.view.apply_snapshot(msg.epoch, msg.seq, state_from_dict(msg.state))
         self.snapshot_time = msg.time
         self.reconcile({p.get("namespace", "default") + "/" + p["name"] for p in msg.pending}, msg.time)
         self.wake.set()
 
     def reconcile(self, pending: set[str], at: float) -> None:
-        """Snapshot at collector time ``at``: assumed bindings it shows are confirmed; queued pods
-        announced before ``at`` that it neither lists pending nor bound are gone."""
-        assert self.state is not None
-        bound = {p.key for pods in self.state.bound for p in pods}
-        now = self.clock()
-        for key, (_, _, t) in list(self.assumed.items()):
-            if key in bound or now - t > self.cfg.assume_ttl_s:
-                del self.assumed[key]
+        """Snapshot at collector time ``at``: queued pods announced before ``at`` that it neither lists
+        pending nor bound are gone (the view confirms or expires assumed bindings itself)."""
+        if self.state is None:
+            return
+        bound = self.view.where
+        if self.own_view:
+            self.view.expire(self.clock())
         for key in self.ledger.with_status("queued") + self.ledger.with_status("unschedulable"):
             e = self.ledger.entries[key]
             if e.seen_at <= at and key not in pending:
                 self.ledger.gone(key, "bound elsewhere" if key in bound else "no longer pending")
                 self.contexts.pop(key, None)
 
+    @property
+    def state(self) -> ClusterState | None:
+        return self.view.state
+
     def decision_state(self) -> ClusterState:
-        """The last snapshot plus the bindings made since that it does not show yet."""
+        """The cluster view: observed bindings plus the ones assumed since (this binder's and others')."""
         assert self.state is not None
-        state = self.state
-        shown = {p.key for pods in state.bound for p in pods}
-        for key, (pod, gpus, _) in self.assumed.items():
-            if key not in shown and pod.node_name in state.index:
-                state = bind(state, pod, state.index[pod.node_name], gpus)
-        return state
+        return self.state
 
     # --- the loop -------------------------------------------------------------------------------
 
@@ -220,7 +211,7 @@ class BatchBinder:
                     await self._publish(pl, policy, batch_id, len(placements), 0, pl.reason)
                 continue
             self.ledger.binding(key, pl.node)
-            self.assumed[key] = (replace(pl.pod, node_name=pl.node), pl.gpus, now)
+            self.view.assume(pl.pod, pl.node, tuple(pl.gpus), now)
             task = asyncio.get_running_loop().create_task(self._bind(pl, policy, batch_id, len(placements)))
             self.inflight.add(task)
             task.add_done_callback(self.inflight.discard)
@@ -263,7 +254,7 @@ class BatchBinder:
             raise
 
     def _give_up(self, key: str, how: str, reason: str) -> None:
-        self.assumed.pop(key, None)
+        self.view.forget(key)
         if how == "gone":
             self.ledger.gone(key, reason)
             self.results.labels(result="gone").inc()
@@ -312,7 +303,8 @@ class BatchBinder:
 
 
 def start_batch_mode(rt: ServiceRuntime, settings: Any, policy: Callable[[], Policy] | None = None,
-                     api_client: client.ApiClient | None = None, cfg: BatchConfig | None = None) -> BatchBinder:
+                     api_client: client.ApiClient | None = None, cfg: BatchConfig | None = None,
+                     view: ClusterView | None = None) -> BatchBinder:
     """Subscribe the batch binder to pending pods and snapshots and start its loop (call in main()
     after building the runtime, before or after ``rt.start()``). ``policy`` returns the policy to
     score with (e.g. ``lambda: app.policy``); default: ``settings.baseline_policy``."""
@@ -320,8 +312,8 @@ def start_batch_mode(rt: ServiceRuntime, settings: Any, policy: Callable[[], Pol
     if policy is None:
         fixed = get_policy(settings.baseline_policy)
         policy = lambda: fixed  # noqa: E731
-    api = client.CoreV1Api(api_client or load_api_client(cfg.kubeconfig))
-    binder = BatchBinder(rt, cfg, settings.cluster, api, policy)
+    api = client.CoreV1Api(api_client or load_api_client(cfg.kubeconfig, cfg.kube_context))
+    binder = BatchBinder(rt, cfg, settings.cluster, api, policy, view=view)
     rt.handle(subjects.pending(settings.cluster), m.PendingPod, queue="inference-batch")(binder.on_pending)
     rt.handle(subjects.snapshot(settings.cluster), m.ClusterSnapshot)(binder.on_snapshot)
     rt.spawn(binder.run(), name="batch-binder")

@@ -1,9 +1,10 @@
-"""One decision for one pending pod: pure, given the policies.
+"""One decision for one pending pod on the whole cluster: pure, given the state and the policies.
 
-The candidate nodes arrive already filtered by graph-builder; this re-checks resources as a final
-guard (the cache could be a little behind), applies the active policy's own admission (outside shadow
-mode; a pod no candidate admits stays pending), scores with the active policy and the default scoring,
-blends per rollout mode, picks the node and explains why.
+The state is the cluster view (every node, bound and assumed pods: what the simulator sees). This runs
+the hard filter once, applies the active policy's own admission (outside shadow mode; a pod no
+candidate admits stays pending), scores with the active policy and the default scoring, blends per
+rollout mode, picks the node (ties to the lowest node tie order when the nodes carry one, else to the
+first node, as the simulator's harnesses do) and explains why.
 """
 
 from __future__ import annotations
@@ -12,9 +13,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agmarl_common.cluster.filters import fits_resources_mask
+from agmarl_common.cluster.filters import feasible_mask, filter_node
 from agmarl_common.cluster.model import ClusterState, Pod
 from agmarl_common.policies.base import Policy, admission_reason, admitted, normalise_scores
+from agmarl_common.sim.inflation import pick_node
+
+TIE_ORDER_LABEL = "agmarl.io/tie-order"  # optional node label: ties go to the lowest value (a replayed trace's node order)
+TOP_SCORES = 16  # candidates whose scores a decision records (the whole list of a large cluster is too big to log)
+REASONS = 5  # filtered-out nodes whose reason a decision records
 
 
 @dataclass(frozen=True)
@@ -28,11 +34,23 @@ class Choice:
     explanation: dict = field(default_factory=dict)
 
 
-def guard(pod: Pod, state: ClusterState) -> np.ndarray:
-    """Candidate indexes that still fit (resources and GPU) in the given candidate state: the nodes where
-    ``fits_resources(pod, state, i).ok`` (which includes ``fits_gpu``), computed over all nodes at once
-    by the hard filter's own bulk form of that check."""
-    return np.flatnonzero(fits_resources_mask(pod, state)).astype(np.int64)
+def tie_order(state: ClusterState) -> np.ndarray | None:
+    """Per-node tie order from the ``agmarl.io/tie-order`` label, or None when no node has one (nodes
+    without it come last)."""
+    labels = [nd.labels.get(TIE_ORDER_LABEL) for nd in state.nodes]
+    if not any(v is not None for v in labels):
+        return None
+    big = np.iinfo(np.int64).max
+    return np.array([int(v) if v is not None and str(v).isdigit() else big for v in labels], dtype=np.int64)
+
+
+def filter_reasons(pod: Pod, state: ClusterState, mask: np.ndarray, limit: int = REASONS) -> dict[str, str]:
+    """Why the first ``limit`` filtered-out nodes were filtered out (plugin: reason)."""
+    out: dict[str, str] = {}
+    for i in np.flatnonzero(~mask)[:limit]:
+        status = filter_node(pod, state, int(i))
+        out[state.nodes[int(i)].name] = f"{status.plugin}: {status.reason}"
+    return out
 
 
 def blend(model: np.ndarray, default: np.ndarray, mode: str, model_weight: float) -> np.ndarray:
@@ -45,42 +63,51 @@ def blend(model: np.ndarray, default: np.ndarray, mode: str, model_weight: float
 
 
 def decide(pod: Pod, state: ClusterState, policy: Policy, default: Policy, mode: str,
-           model_weight: float, reasons: dict[str, str] | None = None, explain_model: bool = True) -> Choice:
-    idx = guard(pod, state)
+           model_weight: float, explain_model: bool = True, rank: np.ndarray | None = None) -> Choice:
+    """``rank``: per-node tie order (``tie_order(state)``); None = ties to the first node."""
+    mask = feasible_mask(pod, state)
+    idx = np.flatnonzero(mask).astype(np.int64)
+    n_out = int(mask.size - idx.size)
     if idx.size == 0:
-        return Choice("", (), 0.0, {}, {}, {}, {"reason": "no feasible node", "filtered_out": dict(reasons or {})})
+        return Choice("", (), 0.0, {}, {}, {}, {"reason": "no feasible node", "filtered_out": n_out,
+                                                "filter_reasons": filter_reasons(pod, state, mask)})
     if mode != "shadow":  # the policy decides: its own filter too (policies.base.admitted, e.g. the load cap)
         fits = idx.size
         idx = admitted(policy, pod, state, idx)
         if idx.size == 0:
             return Choice("", (), 0.0, {}, {}, {}, {"reason": "not admitted by the policy", "policy": policy.name,
                                                     "admission": admission_reason(policy, pod), "candidates": fits,
-                                                    "filtered_out": len(reasons or {})})
-    names = [state.nodes[i].name for i in idx]
-    model = normalise_scores(policy.score(pod, state, idx))
+                                                    "filtered_out": n_out})
+    raw = np.asarray(policy.score(pod, state, idx), dtype=np.float64)
+    model = normalise_scores(raw)
     base = model if default is policy else normalise_scores(default.score(pod, state, idx))
     blended = blend(model, base, mode, model_weight)
-    best = int(np.argmax(blended))
-    node_index = int(idx[best])
+    # the policy alone decides in full / canary / recommend: its own scores pick, exactly as in the simulator
+    node_index = pick_node(blended if mode in ("hybrid", "shadow") else raw, idx, rank)
+    best = int(np.flatnonzero(idx == node_index)[0])
     gpus = policy.choose_gpus(pod, state, node_index)
-    order = np.argsort(-blended, kind="stable")[:3]
+    order = np.argsort(-blended, kind="stable")
+    top = order[:TOP_SCORES]
+    names = {int(k): state.nodes[int(idx[k])].name for k in top}
+    names[best] = state.nodes[node_index].name
     explanation = {
         "policy": policy.name,
         "mode": mode,
-        "top": [{"node": names[k], "score": round(float(blended[k]), 3), "model": round(float(model[k]), 3),
-                 "default": round(float(base[k]), 3)} for k in order],
-        "candidates": len(names),
-        "filtered_out": len(reasons or {}),
-        "filter_reasons": dict(list((reasons or {}).items())[:5]),
+        "top": [{"node": names[int(k)], "score": round(float(blended[k]), 3), "model": round(float(model[k]), 3),
+                 "default": round(float(base[k]), 3)} for k in order[:3]],
+        "candidates": int(idx.size),
+        "filtered_out": n_out,
+        "filter_reasons": filter_reasons(pod, state, mask) if n_out else {},
     }
     explain = getattr(policy, "explain", None)
     if explain_model and callable(explain):
         # a learned policy: top attention edges and feature contributions (occlusion) of its pick
         explanation["model"] = explain(pod, state, idx, top=3)
+    keep = sorted(names)  # the top candidates and the chosen node, in candidate order
     return Choice(
         node=names[best], gpus=tuple(gpus or ()), score=float(blended[best]),
-        scores={n: round(float(s), 3) for n, s in zip(names, blended)},
-        model_scores={n: round(float(s), 3) for n, s in zip(names, model)},
-        default_scores={n: round(float(s), 3) for n, s in zip(names, base)},
+        scores={names[k]: round(float(blended[k]), 3) for k in keep},
+        model_scores={names[k]: round(float(model[k]), 3) for k in keep},
+        default_scores={names[k]: round(float(base[k]), 3) for k in keep},
         explanation=explanation,
     )

@@ -6,8 +6,9 @@ core (scores, blend, explanations, filter reasons) ``extender_scoring``, the clu
 is the service between them.
 
 Two cache modes: with ``nodeCacheCapable`` the request names nodes only (``NodeNames``) and the node
-objects and their bound pods come from ``NodeCache``, fed by ClusterSnapshot messages; otherwise
-the request carries a v1.NodeList and the cache contributes only the pods bound to those nodes.
+objects and their bound pods come from the process's ``ClusterView`` (graph-builder's graph plus assumed
+decisions); otherwise the request carries a v1.NodeList and the view contributes only the pods bound to
+those nodes.
 
 Every answer is made within ``extender_budget_ms``: the state and default scores run on one thread
 pool, the active policy on another; whatever is late or failing is replaced (default scores for a
@@ -36,6 +37,7 @@ from agmarl_common import messages as m
 from agmarl_common.cluster.filters import feasible_mask
 from agmarl_common.cluster.model import ClusterState, Pod
 from agmarl_common.cluster.selectors import matches_label_selector
+from agmarl_common.cluster.view import ClusterView
 from agmarl_common.policies.base import Policy, admission_reason
 from agmarl_common.telemetry import extract
 from agmarl_inference.extender_log import DecisionPublisher
@@ -63,7 +65,7 @@ from agmarl_inference.extender_wire import (
     NodeList,
     request_names,
 )
-from agmarl_inference.extender_view import NodeCache, RequestState, request_state
+from agmarl_inference.extender_view import RequestState, request_state
 from agmarl_inference.settings import InferenceSettings
 
 log = logging.getLogger("agmarl.inference.extender")
@@ -111,7 +113,7 @@ class ExtenderMetrics:
 class ExtenderService:
     """Answers the extender verbs; owns the thread pools, the cache reference and the metrics."""
 
-    def __init__(self, settings: InferenceSettings, source: PolicySource, cache: NodeCache,
+    def __init__(self, settings: InferenceSettings, source: PolicySource, cache: ClusterView,
                  metrics: ExtenderMetrics, tracer: trace.Tracer | None = None,
                  publisher: DecisionPublisher | None = None, connected: Callable[[], bool] = lambda: True,
                  binder: Binder | None = None):

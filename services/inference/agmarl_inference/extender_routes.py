@@ -131,9 +131,9 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz")
 async def readyz(ext: ExtenderDep) -> Response:
-    """Ready when NATS is connected and, for nodeCacheCapable requests, the cache holds a snapshot."""
-    problems = [p for p, bad in (("nats disconnected", not ext.connected()), ("no cluster snapshot yet",
+    """Ready when NATS is connected and, for nodeCacheCapable requests, the cluster view holds the graph."""
+    problems = [p for p, bad in (("nats disconnected", not ext.connected()), ("no cluster graph yet",
                                                                              not ext.cache.warm)) if bad]
     body = {"status": "ready" if not problems else "not ready", "problems": problems,
-            "mode": ext.source.mode, "policy": ext.source.policy.name, "snapshot_seq": ext.cache.seq}
+            "mode": ext.source.mode, "policy": ext.source.policy.name, "graph_version": ext.cache.seq}
     return Response(content=json.dumps(body), media_type="application/json", status_code=503 if problems else 200)

@@ -7,7 +7,7 @@
   ServiceRuntime owns SIGTERM), keep-alive longer than Go's idle connections, clean stop;
 - ``watch_rollout``: the rollout mode from KV ``agmarl_config/rollout`` (a plain mode name, or JSON
   ``{"mode": ...}``), watched and re-read every ``resync_s``: switched at run time, no restart;
-- ``load_binder``: a Kubernetes Binding creator when in-cluster or ``KUBECONFIG`` is set;
+- ``load_binder``: a Kubernetes Binding creator from the one client loader (``agmarl_common.kubeclient``);
 - ``setup_extender`` (before ``rt.start()``) and ``start_extender`` (after) wire it all up.
 """
 
@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import socket
 import time
 from collections.abc import Mapping
@@ -29,12 +28,13 @@ import uvicorn
 from fastapi import FastAPI
 from nats.js.kv import KV_DEL, KV_PURGE
 
+from agmarl_common import kubeclient
 from agmarl_common import messages as m
 from agmarl_common import subjects
 from agmarl_common.service import ServiceRuntime
 from agmarl_inference.extender import BIND_TIMEOUT_S, MODES, ExtenderMetrics, ExtenderService, PolicySource
 from agmarl_inference.extender_log import DecisionPublisher, decision_subject
-from agmarl_inference.extender_view import NodeCache
+from agmarl_common.cluster.view import ClusterView
 from agmarl_inference.extender_routes import VERBS, router
 from agmarl_inference.settings import InferenceSettings
 
@@ -224,21 +224,12 @@ class KubeBinder:
                                                _request_timeout=BIND_TIMEOUT_S)
 
 
-def load_binder(environ: Mapping[str, str] | None = None) -> KubeBinder | None:
-    """A binder from the in-cluster service account, else from ``KUBECONFIG``; None when neither."""
-    env = os.environ if environ is None else environ
-    if not env.get("KUBERNETES_SERVICE_HOST") and not env.get("KUBECONFIG"):
+def load_binder(kubeconfig: str = "", context: str = "", environ: Mapping[str, str] | None = None) -> KubeBinder | None:
+    """A binder from ``kubeclient.load_api_client`` (the kubeconfig setting, $KUBECONFIG, in-cluster, then
+    ~/.kube/config); None when there are no credentials anywhere."""
+    if kubeclient.resolve(kubeconfig, environ)[0] == "none":
         return None
-    from kubernetes import client, config
-    cfg = client.Configuration()
-    try:
-        config.load_incluster_config(client_configuration=cfg)
-    except config.ConfigException:
-        path = env.get("KUBECONFIG", "").split(os.pathsep)[0]
-        if not path:
-            return None
-        config.load_kube_config(config_file=path, client_configuration=cfg)
-    return KubeBinder(client.ApiClient(cfg))
+    return KubeBinder(kubeclient.load_api_client(kubeconfig, context, environ))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -247,17 +238,15 @@ def load_binder(environ: Mapping[str, str] | None = None) -> KubeBinder | None:
 @dataclass
 class Extender:
     service: ExtenderService
-    cache: NodeCache
+    view: ClusterView
     publisher: DecisionPublisher
     server: ExtenderServer | None = None
     port: int = 0
 
 
-def setup_extender(rt: ServiceRuntime, source: PolicySource, settings: InferenceSettings,
+def setup_extender(rt: ServiceRuntime, source: PolicySource, settings: InferenceSettings, view: ClusterView,
                    decisions: Any = None, binder: KubeBinder | None = None) -> Extender:
-    """Before ``rt.start()``: the cache (subscribed to snapshots), metrics, publisher and service."""
-    cache = NodeCache(settings.cluster)
-    rt.handle(subjects.snapshot(settings.cluster), m.ClusterSnapshot)(cache.on_snapshot)
+    """Before ``rt.start()``: metrics, publisher and service over the process's cluster view."""
     metrics = ExtenderMetrics(rt.registry, decisions)
 
     def connected() -> bool:
@@ -269,11 +258,11 @@ def setup_extender(rt: ServiceRuntime, source: PolicySource, settings: Inference
     publisher = DecisionPublisher(publish, metrics, rt.tracer, connected)
     if binder is None:
         try:
-            binder = load_binder()
+            binder = load_binder(settings.kubeconfig, settings.kube_context)
         except Exception as exc:  # noqa: BLE001 - a broken kubeconfig must not stop the service
             rt.log.warning("no Kubernetes binder: %s: %s", type(exc).__name__, exc)
-    service = ExtenderService(settings, source, cache, metrics, rt.tracer, publisher, connected, binder)
-    return Extender(service, cache, publisher)
+    service = ExtenderService(settings, source, view, metrics, rt.tracer, publisher, connected, binder)
+    return Extender(service, view, publisher)
 
 
 async def start_extender(rt: ServiceRuntime, ext: Extender, settings: InferenceSettings) -> int:

@@ -5,18 +5,23 @@ from __future__ import annotations
 from agmarl_common import settings as common  # the module: its classes are not this service's settings classes
 
 
-class InferenceSettings(common.ModelInputSettings):
-    queue_group: str = "inference"  # replicas share graph requests through this NATS queue group
+class InferenceSettings(common.ModelInputSettings, common.KubeSettings):
+    pending_queue_group: str = "inference"  # replicas share pending pods through this NATS queue group
+    assume_ttl_seconds: float = 30.0  # an assumed decision whose binding is never observed is given back after this
     baseline_policy: str = "kube-resources"  # default scoring used as fallback and for blending
-    rollout_mode: str = "full"  # shadow | recommend | canary | hybrid | full
+    rollout_mode: common.RolloutMode = "full"  # the model's authority (docs/deploy.md); KV agmarl_config/rollout overrides
     hybrid_model_weight: float = 0.7
     http_host: str = "127.0.0.1"  # kube-scheduler extender HTTP server
     http_port: int = 8080
     canary_namespaces: list[str] = []  # canary mode: only these namespaces get the model's scores
     canary_label_selector: str = ""  # canary mode: or pods matching this label selector (k=v,k2=v2)
-    batch_scheduler_name: str = ""  # schedulerName placed jointly in batch mode; empty = batch mode off
     extender_budget_ms: int = 100  # every extender answer within this; late model/state -> default scores
     # 16 MiB: a full v1.NodeList (nodeCacheCapable: false) of 5,000 nodes at ~2 KiB each is ~10 MB
     max_body_bytes: int = 16 * 1024 * 1024
     extender_path_prefixes: list[str] = ["", "/ext"]  # the verbs are served under each (scheduler urlPrefix)
     explain_model: bool = True  # add the model's attention / feature contributions to each loop decision
+    # model trust (docs/security.md): public keys whose signatures are trusted (key files or directories of
+    # *.pub, ':'-separated; "" = the shipped models/trusted) and the directories local model folders may be
+    # loaded from (':'-separated; "" = models/ and .state/models)
+    trusted_model_keys: str = ""  # AGMARL_TRUSTED_MODEL_KEYS
+    allowed_model_dirs: str = ""  # AGMARL_ALLOWED_MODEL_DIRS

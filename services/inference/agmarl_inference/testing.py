@@ -1,7 +1,7 @@
 """Test rig for the kube-scheduler extender (used by ``services/inference/tests/test_extender_*``): the
 inference service's runtime with the extender over real HTTP, wired as the service wires it (real
-nats-server, ServiceRuntime, InferenceApp, uvicorn on a free loopback port), fed one cluster snapshot
-over NATS: ten nodes shaped like kube-scheduler's recorded NodeList (``SAMPLES``), ``LOADED`` holding
+nats-server, ServiceRuntime, InferenceApp, uvicorn on a free loopback port), fed one full cluster graph
+over NATS (as graph-builder publishes it): ten nodes shaped like kube-scheduler's recorded NodeList (``SAMPLES``), ``LOADED`` holding
 three busy pods.
 """
 
@@ -20,7 +20,8 @@ from agmarl_common import kubeconvert as kc
 from agmarl_common import messages as m
 from agmarl_common import subjects
 from agmarl_common.bus import Bus
-from agmarl_common.cluster.model import HOSTNAME_LABEL, Pod, state_to_dict
+from agmarl_common.cluster.compact import compact_snapshot
+from agmarl_common.cluster.model import HOSTNAME_LABEL, ClusterState, Pod, state_to_dict
 from agmarl_common.metrics import sample
 from agmarl_common.policies.registry import get_policy
 from agmarl_common.service import ServiceRuntime
@@ -38,6 +39,12 @@ def sample_nodes() -> tuple:
     proto = kc.nodes_from_k8s(json.loads((SAMPLES / "nocache-filter-1-request.json").read_text())["Nodes"])[0]
     return tuple(dataclasses.replace(proto, name=f"node-{i}", labels={**proto.labels, HOSTNAME_LABEL: f"node-{i}"})
                  for i in range(N_NODES))
+
+
+def graph_full(cluster: str, state: dict | ClusterState, version: int = 1, epoch: str = "test") -> m.GraphUpdate:
+    """A full graph as graph-builder publishes it (``state``: a ClusterState or its compact dict)."""
+    compact = compact_snapshot(state) if isinstance(state, ClusterState) else state
+    return m.GraphUpdate(cluster=cluster, epoch=epoch, version=version, full=True, state=compact, time=time.time())
 
 
 def sample_snapshot(cluster: str, seq: int = 1) -> m.ClusterSnapshot:
@@ -70,7 +77,8 @@ async def running(nats_url: str, *, feed: bool = True, model: str = "most-alloca
     settings = InferenceSettings(nats_url=nats_url, cluster=cluster, http_port=0, **overrides)
     rt = ServiceRuntime("inference", settings)
     app = InferenceApp(rt, settings)
-    ext = setup_extender(rt, app, settings, decisions=app.decisions, binder=binder)
+    ext = setup_extender(rt, app, settings, app.view, decisions=app.decisions, binder=binder)
+    rt.handle(subjects.graph(cluster), m.GraphUpdate)(app.replica.on_update)
     await rt.start()
     bus = await Bus.connect(nats_url, "test-client")
     client, r = None, None
@@ -82,8 +90,8 @@ async def running(nats_url: str, *, feed: bool = True, model: str = "most-alloca
         port = await start_extender(rt, ext, settings)
         assert port > 0
         if feed:
-            await bus.publish(subjects.snapshot(cluster), sample_snapshot(cluster))
-            await until(lambda: ext.cache.seq == 1, "the snapshot reached the cache")
+            await bus.publish(subjects.graph(cluster), graph_full(cluster, sample_snapshot(cluster).state))
+            await until(lambda: ext.view.seq == 1, "the graph reached the cluster view")
         client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5.0)
         r = Running(rt, app, ext, client, bus, cluster)
         yield r

@@ -1,4 +1,4 @@
-"""One decision for one pod: guard, blending by rollout mode, explanation."""
+"""One decision for one pod on the whole cluster: hard filter, blending by rollout mode, ties, explanation."""
 
 import numpy as np
 import pytest
@@ -6,7 +6,7 @@ import pytest
 from agmarl_common.cluster.model import ClusterState, Node, Pod, bind
 from agmarl_common.policies.base import PolicyBase
 from agmarl_common.policies.registry import get_policy
-from agmarl_inference.decide import blend, decide, guard
+from agmarl_inference.decide import TIE_ORDER_LABEL, TOP_SCORES, blend, decide, tie_order
 
 
 class PreferLast(PolicyBase):
@@ -23,8 +23,32 @@ def cluster() -> ClusterState:
     return bind(s, Pod("busy", 3000, 3000), 0)
 
 
-def test_guard_drops_nodes_that_no_longer_fit():
-    assert guard(Pod("p", 2000, 100), cluster()).tolist() == [1]
+def test_hard_filter_runs_on_the_whole_state():
+    """a has 1000 cpu left, c has 1000: only b fits a 2000 m pod; the explanation names why a was filtered."""
+    choice = decide(Pod("p", 2000, 100), cluster(), PreferLast(), get_policy("kube-resources"), "full", 0.7)
+    assert choice.node == "b" and set(choice.scores) == {"b"}
+    assert choice.explanation["filtered_out"] == 2
+    assert "Insufficient cpu" in choice.explanation["filter_reasons"]["a"]
+
+
+def test_ties_go_to_the_lowest_tie_order_else_the_first_node():
+    nodes = [Node(f"n{k}", 4000, 4000, labels={TIE_ORDER_LABEL: str(r)}) for k, r in enumerate((2, 0, 1))]
+    state = ClusterState.empty(nodes)
+    flat = get_policy("random")  # not used for ties: a constant scorer below
+    const = PreferLast()
+    const.score = lambda pod, st, cand: np.zeros(len(cand))  # type: ignore[method-assign]
+    assert tie_order(state).tolist() == [2, 0, 1]
+    assert decide(Pod("p", 100, 100), state, const, flat, "full", 0.7, rank=tie_order(state)).node == "n1"
+    assert decide(Pod("p", 100, 100), state, const, flat, "full", 0.7).node == "n0"
+    assert tie_order(cluster()) is None
+
+
+def test_a_decision_logs_the_top_candidates_only():
+    nodes = [Node(f"n{k}", 4000, 4000) for k in range(TOP_SCORES + 10)]
+    choice = decide(Pod("p", 100, 100), ClusterState.empty(nodes), PreferLast(), get_policy("kube-resources"),
+                    "full", 0.7)
+    assert choice.node == nodes[-1].name and len(choice.scores) == TOP_SCORES and choice.node in choice.scores
+    assert choice.explanation["candidates"] == len(nodes)
 
 
 @pytest.mark.parametrize("mode,expected", [("full", [100.0, 0.0]), ("shadow", [0.0, 100.0]),
@@ -52,8 +76,10 @@ def test_decide_modes_follow_model_or_default():
 
 def test_decide_with_no_feasible_node_says_why():
     choice = decide(Pod("huge", 99_000, 1), cluster(), get_policy("kube-resources"), get_policy("kube-resources"),
-                    "full", 0.7, {"a": "NodeResourcesFit: Insufficient cpu"})
+                    "full", 0.7)
     assert choice.node == "" and choice.explanation["reason"] == "no feasible node"
+    assert choice.explanation["filtered_out"] == 3
+    assert all("Insufficient cpu" in r for r in choice.explanation["filter_reasons"].values())
 
 
 def test_learned_policy_explains_its_pick():

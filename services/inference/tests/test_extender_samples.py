@@ -96,10 +96,10 @@ async def test_paths_health_and_unknown_verbs(nats_url):
         assert (await r.client.get("/ext/filter")).status_code == 405
         assert (await r.client.get("/healthz")).json() == {"status": "ok"}
         ready = await r.client.get("/readyz")
-        assert ready.status_code == 200 and ready.json()["snapshot_seq"] == 1
+        assert ready.status_code == 200 and ready.json()["graph_version"] == 1
     async with running(nats_url, feed=False) as r:
         ready = await r.client.get("/ext/readyz")
-        assert ready.status_code == 503 and "no cluster snapshot yet" in ready.json()["problems"]
+        assert ready.status_code == 503 and "no cluster graph yet" in ready.json()["problems"]
         # a cold cache never blocks scheduling: filter passes the nodes on, prioritize is neutral
         resp = await r.client.post("/filter", json={"Pod": pod_json(), "NodeNames": ["node-0", "x"]})
         assert resp.json()["NodeNames"] == ["node-0", "x"]

@@ -1,10 +1,11 @@
 """The model registry of the inference service, against a real nats-server and a real service process:
 the KV selection's model is fetched from the Object Store at start; a ModelPublished event only fetches,
 verifies and caches the new version (what serves is unchanged); a selection naming it swaps it in
-without a restart (decisions carry its name and version); a model whose digest does not match is
-refused and the selected one keeps serving. And no torch in the serving process.
+without a restart (decisions carry its name and version); a model whose digest does not match, or that is
+not signed, is refused and the selected one keeps serving. And no torch in the serving process.
 
-The model files come from the trainer's smoke config (trained once per session in a subprocess).
+The model files come from the trainer's smoke config (trained once per session in a subprocess), signed
+with a throwaway key the service is configured to trust (test_model_signatures.py has every refusal).
 """
 
 from __future__ import annotations
@@ -16,17 +17,17 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
 
 from agmarl_common import messages as m
-from agmarl_common import subjects
+from agmarl_common import signing, subjects
 from agmarl_common.bus import Bus
 from agmarl_common.cluster.model import ClusterState, to_dict
-from agmarl_common.graph import candidate_features
+from agmarl_inference.testing import graph_full
 from agmarl_common.sim import traces
 from agmarl_common.testing import wait_healthy
 
@@ -46,13 +47,15 @@ def smoke_model(tmp_path_factory) -> Path:
     return out
 
 
-def version_files(model: Path, version: str, corrupt: str = "") -> tuple[dict[str, bytes], dict]:
-    """The model's files as version ``version`` (its manifest renamed; digests unchanged); ``corrupt``
-    names a file whose bytes are altered after the manifest was written."""
+def version_files(model: Path, version: str, corrupt: str = "", key: Path | None = None) -> tuple[dict[str, bytes], dict]:
+    """The model's files as version ``version`` (its manifest renamed; digests unchanged), signed with
+    ``key`` unless None; ``corrupt`` names a file whose bytes are altered after the manifest was written."""
     manifest = json.loads((model / "manifest.json").read_text())
     manifest["version"] = version
     files = {name: (model / name).read_bytes() for name in manifest["files"]}
     files["manifest.json"] = json.dumps(manifest).encode()
+    if key is not None:
+        files["manifest.sig"] = signing.sign(files["manifest.json"], signing.load_private_key(key))
     if corrupt:
         files[corrupt] = files[corrupt][:-1] + bytes([files[corrupt][-1] ^ 0xFF])
     return files, manifest
@@ -84,18 +87,19 @@ def failures(port: int, reason: str) -> float:
 
 
 @pytest.mark.asyncio
-async def test_hot_reload_through_the_object_store_and_digest_refusal(smoke_model, nats_url, service_processes):
+async def test_hot_reload_through_the_object_store_and_digest_refusal(smoke_model, nats_url, service_processes,
+                                                                      model_keys):
     tag = uuid.uuid4().hex[:8]
-    v1, v2, v3 = (f"hot-{tag}-{k}" for k in ("v1", "v2", "v3"))
+    v1, v2, v3, v4 = (f"hot-{tag}-{k}" for k in ("v1", "v2", "v3", "v4"))
     bus = await Bus.connect(nats_url, name="test-models")
     previous = await bus.kv_get(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY)
     try:
-        files1, _ = version_files(smoke_model, v1)
+        files1, _ = version_files(smoke_model, v1, key=model_keys.key)
         await store(bus, v1, files1)
         await bus.kv_put(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY, m.encode(m.PolicySelection(
             policy=f"model:{v1}", reason="test: serve v1", time=time.time())))
         proc = service_processes("agmarl_inference", env={"NATS_URL": nats_url, "AGMARL_CLUSTER": CLUSTER,
-                                                          "AGMARL_HTTP_PORT": "0"})
+                                                          "AGMARL_HTTP_PORT": "0", **model_keys.env})
         first = await wait_healthy(bus, "inference", timeout=60, proc=proc)
 
         async def health(version: str = ""):
@@ -114,12 +118,12 @@ async def test_hot_reload_through_the_object_store_and_digest_refusal(smoke_mode
         nodes = traces.load_openb_nodes(traces.openb_node_path(traces.GPU_NODES))[:24]
         state = ClusterState.empty(nodes)
         pod = next(p for p in traces.load_openb_pods(traces.openb_pod_path("default")) if p.is_gpu_share)
-        idx = np.arange(len(nodes))
+
+        await bus.publish(subjects.graph(CLUSTER), graph_full(CLUSTER, state))
 
         async def decide(k: int) -> m.Decision:
-            await bus.publish(subjects.graph(CLUSTER), m.GraphRequest(
-                cluster=CLUSTER, snapshot_seq=k, pod=to_dict(pod), seen_at=time.time(),
-                candidates=[nd.name for nd in nodes], features=candidate_features(state, idx)))
+            await bus.publish(subjects.pending(CLUSTER), m.PendingPod(
+                cluster=CLUSTER, pod=to_dict(replace(pod, name=f"{pod.name}-{k}")), seen_at=time.time(), seq=k))
 
             async def got():
                 return decisions[k] if len(decisions) > k else None
@@ -128,7 +132,7 @@ async def test_hot_reload_through_the_object_store_and_digest_refusal(smoke_mode
             return d
 
         # a new version published: fetched, verified and cached; v1 keeps serving (no selection names v2)
-        files2, manifest2 = version_files(smoke_model, v2)
+        files2, manifest2 = version_files(smoke_model, v2, key=model_keys.key)
         await store(bus, v2, files2)
         await bus.publish(subjects.model_published(), m.ModelPublished(
             version=v2, sha256=manifest2["files"]["actor.onnx"], object_name=f"{v2}/actor.onnx",
@@ -155,7 +159,7 @@ async def test_hot_reload_through_the_object_store_and_digest_refusal(smoke_mode
         assert metric(st.metrics_port, "agmarl_model_loads_total", "source", "objectstore") == 2.0
 
         # a version whose actor.onnx does not match its manifest: refused, v2 keeps serving
-        files3, manifest3 = version_files(smoke_model, v3, corrupt="actor.onnx")
+        files3, manifest3 = version_files(smoke_model, v3, corrupt="actor.onnx", key=model_keys.key)
         await store(bus, v3, files3)
         await bus.publish(subjects.model_published(), m.ModelPublished(
             version=v3, sha256=manifest3["files"]["actor.onnx"], object_name=f"{v3}/actor.onnx",
@@ -169,6 +173,28 @@ async def test_hot_reload_through_the_object_store_and_digest_refusal(smoke_mode
         assert "actor.onnx" in st.details["model_last_error"]
         assert failures(st.metrics_port, "digest") == 1.0
         d = await decide(2)
+        assert (d.policy, d.model_version) == (f"model:{v2}", v2)
+
+        # an unsigned version, then a selection naming it: refused both times, v2 keeps serving
+        files4, manifest4 = version_files(smoke_model, v4)
+        await store(bus, v4, files4)
+        await bus.publish(subjects.model_published(), m.ModelPublished(
+            version=v4, sha256=manifest4["files"]["actor.onnx"], object_name=f"{v4}/actor.onnx",
+            manifest=manifest4, time=time.time()))
+
+        def unsigned(count: float):
+            async def check():
+                st = await health()
+                return st if failures(st.metrics_port, "unsigned") >= count else None
+            return check
+        st = await until(unsigned(1.0), 30)
+        assert st is not None and st.details["model_version"] == v2, (await health()).details
+        await bus.publish(subjects.policy_selection(), m.PolicySelection(
+            policy=f"model:{v4}", reason="test: an unsigned model", time=time.time(), previous=f"model:{v2}"))
+        st = await until(unsigned(2.0), 30)
+        assert st is not None and st.details["model_version"] == v2, (await health()).details
+        assert "unsigned" in st.details["model_last_error"]
+        d = await decide(3)
         assert (d.policy, d.model_version) == (f"model:{v2}", v2)
     finally:
         kv = await bus.kv(subjects.CONFIG_BUCKET)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 
 from prometheus_client import Counter, Gauge
 
@@ -32,7 +33,9 @@ class CollectorApp:
         self.rt = rt
         self.settings = settings
         self.sim = sim
-        self.seq = 0
+        self.epoch = uuid.uuid4().hex  # this run: a restarted collector resets every cluster view
+        self.seq = 0  # one sequence for events and snapshots (a snapshot includes every event before it)
+        self.last_snapshot = float("-inf")
         self.violations = 0
         self.snapshots = SnapshotPublisher(rt, settings.max_message_bytes)
         reg = rt.registry
@@ -59,16 +62,31 @@ class CollectorApp:
         ctx.span.set_attribute("agmarl.bind.ok", outcome.ok)
         if outcome.ok:
             self.bound_total.inc()
-            etype = "pod_bound"
+            pod = self.sim.bound_pod(msg.pod_key, msg.node)
+            await self.publish_event("pod_bound", msg.pod_key, msg.node, outcome.reason, msg.decision_id,
+                                     pod=to_dict(pod) if pod is not None else {},
+                                     gpus=list(pod.gpu_devices) if pod is not None else [], publish=ctx.publish)
         else:
             self.rejected_total.inc()
-            etype = "bind_rejected"
             ctx.span.set_attribute("agmarl.bind.reason", outcome.reason)
             self.rt.log.info("bind refused pod=%s node=%s reason=%s (will retry)", msg.pod_key, msg.node,
                              outcome.reason)
-        await ctx.publish(subjects.event(self.settings.cluster), m.ClusterEvent(
-            cluster=self.settings.cluster, seq=self.seq, type=etype, pod_key=msg.pod_key, node=msg.node,
-            reason=outcome.reason, time=self.sim.state.time, decision_id=msg.decision_id))
+            await self.publish_event("bind_rejected", msg.pod_key, msg.node, outcome.reason, msg.decision_id,
+                                     publish=ctx.publish)
+        await self.sim_progress()
+
+    async def publish_event(self, etype: str, pod_key: str, node: str, reason: str, decision_id: str = "",
+                            pod: dict | None = None, gpus: list[int] | None = None, at: float | None = None,
+                            publish=None) -> None:
+        """One cluster event, stamped with the next sequence number of this run."""
+        self.seq += 1
+        await (publish or self.rt.publish)(subjects.event(self.settings.cluster), m.ClusterEvent(
+            cluster=self.settings.cluster, seq=self.seq, epoch=self.epoch, type=etype, pod_key=pod_key, node=node,
+            reason=reason, time=self.sim.state.time if at is None else at, decision_id=decision_id,
+            pod=pod or {}, gpus=gpus or []))
+
+    async def sim_progress(self) -> None:
+        """Hook for sources that announce the next pod when the previous one is decided (trace replay)."""
 
     async def tick(self) -> None:
         s = self.settings
@@ -77,17 +95,17 @@ class CollectorApp:
         for ev in events:
             if ev.type == "pod_bound":
                 continue  # published when the decision is applied
-            await self.rt.publish(subjects.event(cluster), m.ClusterEvent(
-                cluster=cluster, seq=self.seq, type=ev.type, pod_key=ev.pod_key, node=ev.node,
-                reason=ev.reason, time=ev.time))
-        await self.publish_snapshot()
+            await self.publish_event(ev.type, ev.pod_key, ev.node, ev.reason, at=ev.time)
+        if time.monotonic() - self.last_snapshot >= s.snapshot_seconds:
+            self.last_snapshot = time.monotonic()
+            await self.publish_snapshot()
         now = time.time()
         for pod in self.sim.due(now):
             with self.rt.tracer.start_as_current_span(f"{SERVICE} pending_pod_seen") as span:
                 span.set_attribute("agmarl.pod", pod.key)
                 span.set_attribute("agmarl.cluster", cluster)
                 await self.rt.publish(subjects.pending(cluster), m.PendingPod(
-                    cluster=cluster, pod=to_dict(pod), seen_at=now, seq=self.seq))
+                    cluster=cluster, pod=to_dict(pod), seen_at=time.time(), seq=self.seq))
 
     async def publish_snapshot(self) -> None:
         state = self.sim.state
@@ -107,7 +125,7 @@ class CollectorApp:
         self.sched_pending.labels(queue="active").set(stats["pending"])
         self.violations_gauge.set(len(found))
         await self.snapshots.publish(snapshot_message(self.settings.cluster, self.seq, state.time, cluster,
-                                                      state.pending_pods(), stats))
+                                                      state.pending_pods(), stats, self.epoch))
 
     async def run_loop(self) -> None:
         """Tick forever; the runtime cancels this task at shutdown."""

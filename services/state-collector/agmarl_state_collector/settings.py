@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-from agmarl_common.cluster.model import AGMARL_SCHEDULER
-from agmarl_common.settings import CommonSettings
+from agmarl_common.settings import CommonSettings, KubeSettings, Source
 
 
-class CollectorSettings(CommonSettings):
-    source: str = "simulator"  # simulator | kubernetes
+class CollectorSettings(CommonSettings, KubeSettings):
+    source: Source = "simulator"  # where the cluster comes from: the built-in simulator or a Kubernetes API
     sim_nodes: int = 50
     sim_zones: int = 2
     sim_workload: str = "batch_online_mix"
     sim_rate: float | None = None  # mean pod arrivals per simulated second; None = sized to ~50 % load
     sim_seed: int = 42
     sim_time_scale: float = 10.0  # simulated seconds per wall second (the live cluster fills in about a minute)
-    tick_seconds: float = 0.25  # wall seconds between simulator steps / snapshots
+    tick_seconds: float = 0.25  # wall seconds between simulator steps
+    snapshot_seconds: float = 0.25  # wall seconds between full snapshots (events carry every change between them)
     chunk_seconds: float = 600.0  # simulated seconds of workload generated at a time
     retry_seconds: float = 2.0  # re-announce a pod left pending (no decision or unschedulable) after this
-    # --- source "kubernetes" (k8sapp / k8ssource) ---
-    kubeconfig: str = ""  # path; empty = $KUBECONFIG, else in-cluster config, else ~/.kube/config
-    kube_context: str = ""  # kubeconfig context; empty = the current one
-    batch_scheduler_name: str = AGMARL_SCHEDULER  # pending pods naming this scheduler are published as PendingPod
+    # --- source "kubernetes" (k8sapp / k8ssource; kubeconfig, kube_context, batch_scheduler_name: KubeSettings) ---
     watch_timeout_seconds: int = 300  # server-side watch timeout (the watch then resumes from the last rv)
     watch_request_timeout: float = 30.0  # connect timeout and read slack, seconds
     watch_backoff_base: float = 0.5  # reconnect backoff: base * 2^failures with jitter, capped

@@ -97,6 +97,15 @@ class SimulatedCluster:
         return outcome
 
 
+    def bound_pod(self, pod_key: str, node: str) -> Pod | None:
+        """The pod as bound on ``node`` (with its GPU devices), or None."""
+        assert self.state is not None
+        i = self.state.cluster.index.get(node)
+        if i is None:
+            return None
+        return next((p for p in self.state.cluster.bound[i] if p.key == pod_key), None)
+
+
 def add_workload(state: dynamic.SimState, pods: list[Pod]) -> dynamic.SimState:
     """Add later arrivals to the simulator's workload, merged by creation time with the pods not arrived yet
     (a chunk's last pods may come a little after the next chunk's first); none may precede an arrived pod."""

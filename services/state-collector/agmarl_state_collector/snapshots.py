@@ -25,10 +25,10 @@ LOG_EVERY = 100  # after the first oversized snapshot, log one in this many
 
 
 def snapshot_message(cluster: str, seq: int, time: float, state: ClusterState, pending: Sequence[Pod],
-                     stats: dict[str, float]) -> m.ClusterSnapshot:
+                     stats: dict[str, float], epoch: str = "") -> m.ClusterSnapshot:
     """The ``ClusterSnapshot`` of ``state`` (compact form) and its pending pods."""
     return m.ClusterSnapshot(cluster=cluster, seq=seq, time=time, state=compact_snapshot(state),
-                             pending=[to_dict(p) for p in pending], stats=stats)
+                             pending=[to_dict(p) for p in pending], stats=stats, epoch=epoch)
 
 
 class SnapshotPublisher:

@@ -1,0 +1,125 @@
+"""The cluster view: ordered observed changes with an epoch, assumed pods (assume / confirm / forget /
+expire), diffs between states, and the whole state equal to what the simulator holds."""
+
+import numpy as np
+import pytest
+
+from agmarl_common.cluster import changes as ch
+from agmarl_common.cluster.model import ClusterState, Node, Pod, bind
+from agmarl_common.cluster.view import MAX_SEQ_JUMP, ClusterView
+
+
+def nodes():
+    return (Node("a", 4000, 8000), Node("b", 4000, 8000, gpu_count=2, gpu_model="T4"), Node("c", 2000, 4000))
+
+
+def observed(*placed) -> ClusterState:
+    s = ClusterState.empty(nodes())
+    for pod, i in placed:
+        s = bind(s, pod, i)
+    return s
+
+
+def usage(state: ClusterState) -> list[int]:
+    return state.cpu_used.tolist()
+
+
+def test_assumed_pods_take_resources_until_confirmed_or_forgotten():
+    v = ClusterView()
+    v.apply_snapshot("e", 1, observed())
+    p = Pod("p", 1000, 100)
+    assert v.assume(p, "a", (), now=0.0) and usage(v.state) == [1000, 0, 0]
+    assert not v.assume(p, "b", (), now=0.0)  # already placed
+    v.observe_bound(p, "a")  # confirmed: same state, no longer assumed
+    assert usage(v.state) == [1000, 0, 0] and not v.is_assumed(p.key)
+    q = Pod("q", 500, 100)
+    v.assume(q, "c", (), now=1.0)
+    assert v.forget(q.key) and usage(v.state) == [1000, 0, 0]
+    assert not v.forget(p.key)  # observed pods are not forgotten
+
+
+def test_a_binding_observed_elsewhere_wins_over_the_assumption():
+    v = ClusterView()
+    v.apply_snapshot("e", 1, observed())
+    p = Pod("p", 1000, 100)
+    v.assume(p, "a", (), now=0.0)
+    v.observe_bound(p, "b")
+    assert usage(v.state) == [0, 1000, 0] and v.node_of(p.key) == "b" and not v.is_assumed(p.key)
+
+
+def test_expiry_gives_back_unconfirmed_assumptions():
+    v = ClusterView(assume_ttl=5.0)
+    v.apply_snapshot("e", 1, observed())
+    v.assume(Pod("p", 1000, 100), "a", (), now=0.0)
+    assert v.expire(now=4.0) == [] and usage(v.state)[0] == 1000
+    assert v.expire(now=6.0) == ["default/p"] and usage(v.state)[0] == 0
+
+
+def test_a_snapshot_keeps_assumptions_it_does_not_show_and_drops_those_it_does():
+    v = ClusterView()
+    v.apply_snapshot("e", 1, observed())
+    p, q = Pod("p", 1000, 100), Pod("q", 500, 100)
+    v.assume(p, "a", (), now=0.0)
+    v.assume(q, "c", (), now=0.0)
+    assert v.apply_snapshot("e", 2, observed((p, 0)))
+    assert usage(v.state) == [1000, 0, 500] and not v.is_assumed(p.key) and v.is_assumed(q.key)
+
+
+def test_order_epoch_and_out_of_range_sequences():
+    v = ClusterView()
+    assert v.position("e", 5) == "reset" and not v.accept("e", 5)  # nothing before a full state
+    v.apply_snapshot("e", 5, observed())
+    assert v.position("e", 5) == "stale" and v.position("e", 6) == "next" and v.position("e", 8) == "gap"
+    assert v.accept("e", 6) and v.accept("e", 8) and v.gaps == 1
+    assert not v.apply_snapshot("e", 7, observed())  # older than what the view holds
+    # a restarted producer (new epoch) starts again at low numbers: a reset, not a freeze
+    assert v.position("e2", 1) == "reset" and v.apply_snapshot("e2", 1, observed())
+    # a sequence far out of range (2^62) is taken once; the producer's next real number resets it back
+    assert v.apply_snapshot("e2", 2 ** 62, observed())
+    assert v.position("e2", 3) == "reset" and v.apply_snapshot("e2", 3, observed()) and v.seq == 3
+    assert v.position("e2", 3 + MAX_SEQ_JUMP + 1) == "reset"
+
+
+def test_node_readiness_and_load():
+    v = ClusterView()
+    v.apply_snapshot("e", 1, observed())
+    v.observe_node_ready("b", False)
+    assert not v.state.schedulable[1] and not v.state.nodes[1].ready
+    v.observe_node_ready("b", True)
+    assert v.state.schedulable[1]
+    v.observe_load(np.array([1, 2, 3]), None)
+    assert v.state.cpu_load.tolist() == [1, 2, 3]
+    with pytest.raises(ValueError):
+        v.observe_load(np.array([1]), None)
+
+
+def test_diff_turns_one_state_into_the_other():
+    p, q, r = Pod("p", 1000, 100), Pod("q", 500, 100), Pod("g", 100, 100, num_gpu=1, gpu_milli=500)
+    old = observed((p, 0), (q, 2))
+    new = bind(observed((p, 1)), r, 1, (1,))
+    v = ClusterView()
+    v.apply_snapshot("e", 1, old)
+    diff = ch.diff(old, new)
+    ch.apply(v, ch.check(diff))
+    assert usage(v.state) == usage(new) and v.state.gpu_used.tolist() == new.gpu_used.tolist()
+    assert {k: v.node_of(k) for k in ("default/p", "default/q", "default/g")} == {
+        "default/p": "b", "default/q": "", "default/g": "b"}
+    assert ch.diff(new, new) == []
+    assert ch.diff(old, ClusterState.empty(nodes()[:2])) is None  # node set changed: a full state is due
+
+
+def test_events_map_to_changes():
+    v = ClusterView()
+    v.apply_snapshot("e", 1, observed())
+    pod = {"name": "p", "namespace": "default", "cpu_milli": 1000, "memory_mib": 100}
+    ch.apply(v, [ch.from_event("pod_bound", "default/p", "a", pod, [])])
+    assert usage(v.state)[0] == 1000
+    ch.apply(v, [ch.from_event("pod_deleted", "default/p", "a", {}, [])])
+    assert usage(v.state)[0] == 0
+    ch.apply(v, [ch.from_event("node_failed", "", "c", {}, [])])
+    assert not v.state.schedulable[2]
+    assert ch.from_event("pod_added", "default/x", "", {}, []) is None
+    with pytest.raises(ValueError):
+        ch.from_event("pod_bound", "default/p", "a", {}, [])
+    with pytest.raises(ValueError):
+        ch.check([{"op": "teleport"}])
