@@ -76,6 +76,20 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the real scheduler's per-plugin scores (scores-*.json): also compare every score")
     fk.add_argument("--json", default=None, metavar="OUT.json")
 
+    keys = sub.add_parser("keys", help="model signing keys: generate, sign model folders, verify (docs/security.md)")
+    ksub = keys.add_subparsers(dest="kcmd", required=True)
+    kgen = ksub.add_parser("generate", help="a new Ed25519 key pair: <out>/<name>.key (0600) and <name>.pub")
+    kgen.add_argument("--out", required=True, metavar="DIR")
+    kgen.add_argument("--name", default="model-signing")
+    ksign = ksub.add_parser("sign", help="check each model folder's digests, then write its manifest.sig")
+    ksign.add_argument("dirs", nargs="+", metavar="MODEL_DIR")
+    ksign.add_argument("--key", required=True, metavar="KEY", help="the private key file (never committed)")
+    kver = ksub.add_parser("verify", help="load model folders as the services do (signature, digests, allow-list)")
+    kver.add_argument("dirs", nargs="+", metavar="MODEL_DIR")
+    kver.add_argument("--trusted", default="", metavar="PATHS",
+                      help="trusted public keys (files or directories, ':'-separated; default "
+                      "AGMARL_TRUSTED_MODEL_KEYS, else models/trusted)")
+
     bench = sub.add_parser("bench", help="benchmarks")
     bsub = bench.add_subparsers(dest="bcmd", required=True)
     lat = bsub.add_parser("latency", help="p50/p99 of the learned policy scoring pending pods (ONNX Runtime, 1 core)")
@@ -124,6 +138,13 @@ def main(argv: list[str] | None = None) -> int:
         spec = BenchSpec(nodes=args.nodes, batch=args.batch, model=args.model, steps=args.steps, warmup=args.warmup,
                          fill=args.fill, seed=args.seed, pin=not args.no_pin, objective=args.objective)
         return latency_command(spec, args.json)
+    if args.cmd == "keys":
+        from agmarl_cli import keys as model_keys  # noqa: PLC0415
+        if args.kcmd == "generate":
+            return model_keys.generate(args.out, args.name)
+        if args.kcmd == "sign":
+            return model_keys.sign(args.dirs, args.key)
+        return model_keys.verify(args.dirs, args.trusted)
     from agmarl_cli import commands  # noqa: PLC0415
     if args.cmd == "decisions":
         try:

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from agmarl_cli.keys import local_model_keys
 from agmarl_cli.monitor import Monitor, check_health, traces_complete
 from agmarl_cli.supervisor import SERVICES, System, state_dir
 from agmarl_common.bus import Bus
@@ -54,7 +55,8 @@ async def run_up(duration: float | None, summary_path: str | None, view: bool, e
     started = time.monotonic()
     try:
         url = system.start_nats()
-        system.start_services({**env, "AGMARL_CLUSTER": cluster})
+        # the trainer signs with a key of this state directory, the services trust it (docs/security.md)
+        system.start_services({**local_model_keys(system.root), **env, "AGMARL_CLUSTER": cluster})
         bus = await Bus.connect(url, name="agmarl-cli")
         await mon.attach(bus)
         await wait_healthy(bus, system, services, stop)

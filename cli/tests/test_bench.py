@@ -7,6 +7,7 @@ runs in a subprocess: it pins its process to one CPU, which must not pin the tes
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,21 +16,32 @@ import pytest
 
 from agmarl_cli.bench import cluster_nodes
 from agmarl_cli.main import main
+from agmarl_common import modelstore
 from agmarl_common.sim.traces import GPU_NODES, openb_node_path, openb_pod_path
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
-def smoke_model(tmp_path_factory) -> Path:
-    """A small trained model (smoke config), shared by every test module of the session."""
+def smoke_model(tmp_path_factory, model_keys) -> Path:
+    """A small trained model (smoke config), shared by every test module of the session, signed with the
+    session's throwaway key."""
     out = tmp_path_factory.getbasetemp() / "agmarl-smoke-model"
     if not (out / "manifest.json").is_file():
         run = subprocess.run([sys.executable, "-m", "agmarl_trainer.cli", "--config", "configs/train/smoke.yaml",
                               "--out", str(out), "--runs-dir", str(out.parent / "agmarl-smoke-runs")],
                              cwd=REPO, capture_output=True, text=True, timeout=300)
         assert run.returncode == 0, run.stderr[-3000:]
+    model_keys.sign(out)
     return out
+
+
+@pytest.fixture(autouse=True)
+def trusted_test_models(trusted_model_env, tmp_path_factory, monkeypatch):
+    """This process and the bench it starts trust the throwaway key and load folders from models/ and the
+    session's temporary folder."""
+    monkeypatch.setenv(modelstore.ALLOWED_DIRS_ENV,
+                       os.pathsep.join((str(modelstore.MODELS_DIR), str(tmp_path_factory.getbasetemp()))))
 
 
 def bench(model: Path, out: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:

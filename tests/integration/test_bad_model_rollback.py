@@ -62,7 +62,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from agmarl_common import messages as m
-from agmarl_common import modelstore, subjects
+from agmarl_common import modelstore, signing, subjects
 from agmarl_common.adaptive import history as hist
 from agmarl_common.bus import Bus
 from agmarl_common.cluster.compact import bound_pod_dicts
@@ -121,9 +121,9 @@ def write_bad_model(dst: Path, version: str) -> Path:
     return dst
 
 
-async def publish_as_trainer(bus: Bus, model_dir: Path) -> str:
-    """The trainer's own ``publish_model`` on this test's connection."""
-    shim = SimpleNamespace(rt=SimpleNamespace(bus=bus, publish=bus.publish))
+async def publish_as_trainer(bus: Bus, model_dir: Path, key: Path) -> str:
+    """The trainer's own ``publish_model`` on this test's connection, signing with the private key ``key``."""
+    shim = SimpleNamespace(rt=SimpleNamespace(bus=bus, publish=bus.publish), signing_key=signing.load_private_key(key))
     return await TrainerApp.publish_model(shim, model_dir)
 
 
@@ -199,9 +199,11 @@ def test_detector_flags_hand_made_infeasible_bindings():
     assert checked == 2 and "NodeResourcesFit" in problems[0] and "default/b" in problems[0]
 
 
-def test_bad_model_is_valid_and_picks_what_the_baseline_ranks_last(tmp_path):
+def test_bad_model_is_valid_and_picks_what_the_baseline_ranks_last(tmp_path, model_keys):
     d = write_bad_model(tmp_path / "bad", "bad-unit")
-    policy = OnnxModelPolicy(modelstore.load_dir(d))  # digests verified, ONNX Runtime sessions built
+    model_keys.sign(d)  # a trusted trainer's model: the signature says who made it, not that it is good
+    # signature and digests verified, ONNX Runtime sessions built
+    policy = OnnxModelPolicy(modelstore.load_dir(d, trust=model_keys.trust(allowed_dirs=str(tmp_path))))
     assert policy.name == "model:bad-unit"
     nodes = tuple(Node(f"n{k}", cpu_milli=16000, memory_mib=32768) for k in range(4))
     state = ClusterState.empty(nodes)
@@ -282,8 +284,8 @@ class Recorder:
         return out
 
 
-async def start_system(bus: Bus, service_processes, nats_url: str) -> None:
-    common = {"NATS_URL": nats_url, "AGMARL_CLUSTER": CLUSTER, "AGMARL_HTTP_PORT": "0"}
+async def start_system(bus: Bus, service_processes, nats_url: str, model_env: dict[str, str]) -> None:
+    common = {"NATS_URL": nats_url, "AGMARL_CLUSTER": CLUSTER, "AGMARL_HTTP_PORT": "0", **model_env}
     extra = {"state-collector": COLLECTOR_ENV, "adaptive-engine": ENGINE_ENV, "reward-calculator": REWARD_ENV}
     procs = [(s, service_processes(module_of(s), env={**common, **extra.get(s, {})})) for s in SERVICES]
     for s, p in procs:
@@ -325,7 +327,8 @@ def check_bindings(rec: Recorder, bad_ids: set[str], t0: float, t1: float) -> st
 
 
 @pytest.mark.asyncio
-async def test_bad_model_rolled_back_within_5s_and_no_infeasible_binding(nats_url, service_processes, tmp_path):
+async def test_bad_model_rolled_back_within_5s_and_no_infeasible_binding(nats_url, service_processes, tmp_path,
+                                                                         model_keys):
     bus = await Bus.connect(nats_url, name="test-bad-model")
     rec = Recorder()
     try:
@@ -336,13 +339,13 @@ async def test_bad_model_rolled_back_within_5s_and_no_infeasible_binding(nats_ur
                          hist.encode_history([start.model_dump(exclude={"v"})]))
         await rec.attach(bus)
         t_start = time.time()
-        await start_system(bus, service_processes, nats_url)
+        await start_system(bus, service_processes, nats_url, model_keys.env)
         t_healthy = time.time()
 
         # publish the bad model exactly as the trainer does; inference loads it but keeps serving the baseline
         # (an explicit baseline selection stays in force when a model is published)
         version = f"bad-{uuid.uuid4().hex[:8]}"
-        assert await publish_as_trainer(bus, write_bad_model(tmp_path / version, version)) == version
+        assert await publish_as_trainer(bus, write_bad_model(tmp_path / version, version), model_keys.key) == version
 
         async def loaded():
             return version in (await health(bus, "inference")).get("models_loaded", [])

@@ -6,6 +6,8 @@ Loaded by the root conftest (``pytest_plugins = ["agmarl_common.testing"]``):
 - ``nats_url``: its URL
 - ``service_processes``: factory ``start(module, env=..., args=...) -> ServiceProcess``; every process
   it started is stopped (SIGTERM by PID, then SIGKILL) at teardown
+- ``model_keys``: a throwaway model signing key pair (``ModelKeys``); ``trusted_model_env``: this process
+  and the services it starts sign with it and trust it (docs/security.md)
 """
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from . import subjects
+from . import signing, subjects
 from .messages import HealthStatus
+from .modelstore import TRUSTED_KEYS_DIR, ModelTrust
 from .natsserver import NatsServer
 
 
@@ -140,3 +143,39 @@ def service_processes(tmp_path: Path) -> Iterator:
     finally:
         for proc in reversed(started):
             proc.stop()
+
+
+class ModelKeys:
+    """A throwaway model signing key pair for tests (never the release key): ``sign(dir)`` signs a model
+    folder; ``trusted`` (the shipped keys and this one) and ``env`` are the settings that trust it."""
+
+    def __init__(self, out_dir: Path):
+        self.key, self.pub = signing.generate_keypair(out_dir, "test-model-signing")
+
+    @property
+    def trusted(self) -> str:
+        return os.pathsep.join((str(TRUSTED_KEYS_DIR), str(self.pub)))
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"AGMARL_MODEL_SIGNING_KEY": str(self.key), "AGMARL_TRUSTED_MODEL_KEYS": self.trusted}
+
+    def trust(self, allowed_dirs: str | Sequence[str | Path] = "", own_dirs: Sequence[str | Path] = ()) -> ModelTrust:
+        return ModelTrust.load(self.trusted, allowed_dirs, own_dirs)
+
+    def sign(self, model_dir: str | Path) -> Path:
+        return signing.sign_dir(model_dir, signing.load_private_key(self.key))
+
+
+@pytest.fixture(scope="session")
+def model_keys(tmp_path_factory: pytest.TempPathFactory) -> ModelKeys:
+    return ModelKeys(tmp_path_factory.mktemp("model-keys"))
+
+
+@pytest.fixture
+def trusted_model_env(model_keys: ModelKeys, monkeypatch: pytest.MonkeyPatch) -> ModelKeys:
+    """This process (the policy registry's ``model:`` names) and the service processes it starts sign with
+    and trust ``model_keys``; ``AGMARL_ALLOWED_MODEL_DIRS`` is the test's to set."""
+    for name, value in model_keys.env.items():
+        monkeypatch.setenv(name, value)
+    return model_keys

@@ -8,6 +8,7 @@ out of this process); the reference ``export.onnx_scores`` runs in a subprocess 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -29,15 +30,25 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="session")
-def smoke_model(tmp_path_factory) -> Path:
-    """A small trained model (smoke config), shared by every test module of the session."""
+def smoke_model(tmp_path_factory, model_keys) -> Path:
+    """A small trained model (smoke config), shared by every test module of the session, signed with the
+    session's throwaway key."""
     out = tmp_path_factory.getbasetemp() / "agmarl-smoke-model"
     if not (out / "manifest.json").is_file():
         run = subprocess.run([sys.executable, "-m", "agmarl_trainer.cli", "--config", "configs/train/smoke.yaml",
                               "--out", str(out), "--runs-dir", str(out.parent / "agmarl-smoke-runs")],
                              cwd=REPO, capture_output=True, text=True, timeout=300)
         assert run.returncode == 0, run.stderr[-3000:]
+    model_keys.sign(out)
     return out
+
+
+@pytest.fixture(autouse=True)
+def trusted_test_models(trusted_model_env, tmp_path_factory, monkeypatch):
+    """The registry's ``model:`` names (read from the environment) trust the throwaway key and load folders
+    from models/ and the session's temporary folder."""
+    monkeypatch.setenv(modelstore.ALLOWED_DIRS_ENV,
+                       os.pathsep.join((str(modelstore.MODELS_DIR), str(tmp_path_factory.getbasetemp()))))
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +112,7 @@ def test_scores_match_the_trainer_reference_on_real_openb_graphs(smoke_model, op
 
 def test_incremental_encoder_equals_a_full_pass_after_random_binds(smoke_model, openb):
     nodes, pods = openb
-    artifact = modelstore.load_dir(smoke_model)
+    artifact = modelstore.load_dir(smoke_model, trust=modelstore.trust_from_environment())
     session = make_session(artifact.files["encoder.onnx"])
     policy = OnnxModelPolicy(artifact)
     policy.observe_workload(pods)
@@ -198,7 +209,7 @@ def test_registry_resolves_model_prefix_and_refuses_a_digest_mismatch(smoke_mode
     assert err.value.reason == "digest"
     (bad / "actor.onnx").unlink()
     with pytest.raises(modelstore.ModelIntegrityError, match="missing") as err:
-        modelstore.load_dir(bad)
+        modelstore.load_dir(bad, trust=modelstore.trust_from_environment())
     assert err.value.reason == "missing"
 
 
@@ -218,12 +229,12 @@ def test_set_objective_switches_the_objective_inputs(smoke_model, openb):
     assert policy.score(pod, state, cand).shape == cand.shape
     with pytest.raises(ValueError, match="unknown objective"):
         policy.set_objective("throughput")
-    conditional = OnnxModelPolicy(modelstore.load_local(str(smoke_model)), scheme="load_conditional")
+    conditional = OnnxModelPolicy(modelstore.load_local(str(smoke_model), trust=modelstore.trust_from_environment()), scheme="load_conditional")
     conditional.observe_workload(pods)
     want = objective_gains([pod], state, [cand], "composite", "load_conditional")
     assert np.allclose(conditional.graph([pod], state, [cand]).cand_attr[:, gain], want)
     with pytest.raises(ValueError, match="unknown reward scheme"):
-        OnnxModelPolicy(modelstore.load_local(str(smoke_model)), scheme="greedy")
+        OnnxModelPolicy(modelstore.load_local(str(smoke_model), trust=modelstore.trust_from_environment()), scheme="greedy")
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "models").iterdir() if (p / "manifest.json").is_file()))
@@ -234,6 +245,6 @@ def test_every_shipped_model_scores_under_both_objectives(name, openb):
     pod = pods[3]
     cand = feasible_nodes(pod, state)
     for objective in ("composite", "allocation"):
-        policy = OnnxModelPolicy(modelstore.load_local(str(REPO / "models" / name)), objective=objective)
+        policy = OnnxModelPolicy(modelstore.load_local(str(REPO / "models" / name), trust=modelstore.ModelTrust.load()), objective=objective)
         scores = policy.score(pod, state, cand)
         assert scores.shape == cand.shape and np.isfinite(scores).all()

@@ -10,12 +10,14 @@ switches: each one is written to KV (active + history) and published as a Policy
 with its reason. Drift alarms become (rate-limited) train requests carrying the evidence.
 
 A ``model_published`` event (the trainer's promotion gate passed) is verified against the Object
-Store (``modelstore.fetch_version``: every digest) and handed to the controller, which makes it the
+Store (``modelstore.fetch_version``: the manifest's signature by a trusted key, settings
+``trusted_model_keys``, and every digest; docs/security.md) and handed to the controller, which makes it the
 active selection at its next tick when the promotion rule allows (``adaptive.controller``: the
 active selection is a model, not held, ``auto_promote`` on): reason ``promoted: model <version>
 published by the trainer (<the gate's reason>)``. The inference service only caches published
 versions; it serves what the selection names. Model names (``model:<version>``) count as known when
-they are on disk or in the Object Store bucket ``agmarl_models``.
+they are on disk (signed by a trusted key, in an allowed directory: ``allowed_model_dirs``) or in the
+Object Store bucket ``agmarl_models``.
 
 When inference cannot load the model the active selection names (not found, a digest mismatch, ONNX
 Runtime refuses it), its ``selection_refused`` event rolls the selection back at once, as the guard does:
@@ -43,6 +45,7 @@ from agmarl_common.adaptive.features import mix_counts, regime_features_from_sta
 from agmarl_common.adaptive.gate import ExpertLibrary, GateConfig
 from agmarl_common.adaptive.guard import GuardConfig
 from agmarl_common.cluster.model import pod_from_dict
+from agmarl_common.policies.onnx_model import OnnxModelPolicy
 from agmarl_common.policies.registry import get_policy
 from agmarl_common.service import HandlerContext, ServiceRuntime
 from agmarl_common.settings import load_settings
@@ -77,9 +80,14 @@ def controller_config(s: AdaptiveSettings, known=None) -> ControllerConfig:
         psi_enter=s.psi_enter, psi_exit=s.psi_exit, drift_dwell_s=s.drift_dwell_seconds, auto_promote=s.auto_promote)
 
 
-def policy_known(name: str) -> bool:
+def policy_known(name: str, trust: modelstore.ModelTrust | None = None) -> bool:
+    """A name the registry resolves here; with ``trust``, a ``model:<ref>`` must be a local model that
+    verifies against it (signature, digests, allowed directory) and loads."""
     try:
-        get_policy(name)
+        if trust is not None and name.startswith(hist.MODEL_PREFIX):
+            OnnxModelPolicy(modelstore.load_local(name[len(hist.MODEL_PREFIX):], trust=trust))
+        else:
+            get_policy(name)
     except (KeyError, ValueError):
         return False
     return True
@@ -109,6 +117,7 @@ class AdaptiveApp:
         self.seen: OrderedDict[str, None] = OrderedDict()
         self.last_snapshot: tuple[float, dict] | None = None
         self.stored: set[str] = set()  # model versions found in the Object Store (verified when published)
+        self.trust = modelstore.ModelTrust.load(settings.trusted_model_keys, settings.allowed_model_dirs)
         self.lock = asyncio.Lock()  # one writer of the selection at a time: the tick loop or an event handler
         reg = rt.registry
         self.drift_alerts = Counter("agmarl_drift_alerts_total", "Drift alarms", ["detector"], registry=reg)
@@ -130,12 +139,12 @@ class AdaptiveApp:
         """A name the registry resolves here, or ``model:<version>`` stored in the Object Store."""
         if name.startswith(hist.MODEL_PREFIX) and name[len(hist.MODEL_PREFIX):] in self.stored:
             return True
-        return policy_known(name)
+        return policy_known(name, self.trust)
 
     async def discover(self, names) -> None:
         """Look up in the Object Store the model names that are not on disk (e.g. experts ``model:<version>``)."""
         for name in sorted(set(names)):
-            if not name.startswith(hist.MODEL_PREFIX) or policy_known(name):
+            if not name.startswith(hist.MODEL_PREFIX) or policy_known(name, self.trust):
                 continue
             version = name[len(hist.MODEL_PREFIX):]
             try:
@@ -228,8 +237,8 @@ class AdaptiveApp:
         """A model the trainer published: verified here (every digest), then offered to the controller."""
         try:
             await modelstore.fetch_version(self.rt.bus, msg.version, expected_actor_sha256=msg.sha256,
-                                           expected_files=msg.manifest.get("files"))
-        except Exception as err:  # noqa: BLE001 - missing, a digest mismatch, NATS errors: not promoted
+                                           expected_files=msg.manifest.get("files"), trust=self.trust)
+        except Exception as err:  # noqa: BLE001 - missing, unsigned, untrusted, a digest mismatch, NATS errors
             self.rt.log.warning("published model %s not verified, not promoted: %s: %s", msg.version,
                                 type(err).__name__, err)
             return

@@ -11,6 +11,11 @@ from agmarl_common.settings import CommonSettings
 class AdaptiveSettings(CommonSettings):
     default_policy: str = "kube-resources"  # the rollback baseline (and the first selection without a model)
     initial_policy: str = "model:default"  # first selection when it loads: the shipped learned model
+    # public keys whose model signatures are trusted: key files or directories of *.pub, ':'-separated; "" =
+    # the shipped models/trusted (docs/security.md)
+    trusted_model_keys: str = ""
+    # directories a local model folder may be loaded from, ':'-separated; "" = models/ and .state/models
+    allowed_model_dirs: str = ""
     model_regimes: list[str] = ["low_load", "batch"]  # regimes the learned model serves as the expert
     default_mode: str = "full"
     # drift detectors (docs/adaptivity.md)

@@ -2,7 +2,7 @@
 a model stored only in the Object Store is a known name (initial selection, `agmarl policy set`); a
 published version supersedes the active model as a new selection with a "promoted" reason, the guard
 judges it afresh and a rollback returns to the previous model; a baseline selection is left alone;
-a published version whose digests do not match is never selected."""
+a published version whose digests do not match, or that is not signed by a trusted key, is never selected."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import time
 import uuid
 
 from agmarl_common import messages as m
-from agmarl_common import modelstore, subjects
+from agmarl_common import modelstore, signing, subjects
 from agmarl_common.adaptive import history as hist
 from agmarl_common.bus import Bus
 from agmarl_common.testing import wait_healthy
@@ -30,9 +30,10 @@ def cli(nats_url: str, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=60)
 
 
-async def store_version(bus: Bus, version: str, corrupt: bool = False) -> m.ModelPublished:
-    """The shipped model stored as ``version`` in the models bucket, as the trainer stores it; returns the
-    event the trainer would send. ``corrupt``: actor.onnx altered after the manifest was written."""
+async def store_version(bus: Bus, version: str, corrupt: bool = False, key=None) -> m.ModelPublished:
+    """The shipped model stored as ``version`` in the models bucket, as the trainer stores it, signed with the
+    private key file ``key`` (unsigned when None); returns the event the trainer would send. ``corrupt``:
+    actor.onnx altered after the manifest was written."""
     src = modelstore.DEFAULT_MODEL_DIR
     manifest = json.loads((src / modelstore.MANIFEST).read_text())
     manifest.update(version=version, evaluation={"verdict": {"promote": True, "reason": GATE_REASON}})
@@ -40,6 +41,8 @@ async def store_version(bus: Bus, version: str, corrupt: bool = False) -> m.Mode
     if corrupt:
         files[modelstore.ACTOR_FILE] = files[modelstore.ACTOR_FILE][:-1] + b"\x00"
     files[modelstore.MANIFEST] = json.dumps(manifest).encode()
+    if key is not None:
+        files[modelstore.SIGNATURE_FILE] = signing.sign(files[modelstore.MANIFEST], signing.load_private_key(key))
     for name, data in files.items():
         await bus.object_put(subjects.MODELS_BUCKET, f"{version}/{name}", data)
     return m.ModelPublished(version=version, sha256=manifest["files"][modelstore.ACTOR_FILE],
@@ -64,15 +67,17 @@ async def wait_until(predicate, timeout: float):
     return await predicate()
 
 
-async def test_published_model_is_promoted_judged_and_rolled_back(nats_url, service_processes):
+async def test_published_model_is_promoted_judged_and_rolled_back(nats_url, service_processes, model_keys, tmp_path):
     tag = uuid.uuid4().hex[:8]
-    v1, v2, v3, v4, v5 = (f"promo-{tag}-{k}" for k in range(1, 6))
+    v1, v2, v3, v4, v5, v6, v7 = (f"promo-{tag}-{k}" for k in range(1, 8))
+    signer = model_keys.key
+    stranger, _ = signing.generate_keypair(tmp_path / "stranger", "stranger")  # a key nobody trusts
     bus = await Bus.connect(nats_url, name="test-promotion")
     try:
         kv = await bus.kv(subjects.CONFIG_BUCKET)
         for key in (subjects.KEY_ACTIVE_POLICY, hist.KEY_POLICY_HISTORY):
             await kv.delete(key)
-        await store_version(bus, v1)  # in the Object Store only, not on disk
+        await store_version(bus, v1, key=signer)  # in the Object Store only, not on disk
         events: list[m.PolicySelection] = []
 
         async def on_event(msg):
@@ -82,7 +87,7 @@ async def test_published_model_is_promoted_judged_and_rolled_back(nats_url, serv
         await bus.flush()
         proc = service_processes("agmarl_adaptive_engine", env={
             "NATS_URL": nats_url, "AGMARL_CLUSTER": CLUSTER, "AGMARL_TICK_SECONDS": "0.1",
-            "AGMARL_INITIAL_POLICY": f"model:{v1}"})
+            "AGMARL_INITIAL_POLICY": f"model:{v1}", **model_keys.env})
         await wait_healthy(bus, "adaptive-engine", timeout=30, proc=proc)
 
         async def health() -> dict:
@@ -95,7 +100,7 @@ async def test_published_model_is_promoted_judged_and_rolled_back(nats_url, serv
         assert (await health())["experts"]["low_load"] == f"model:{v1}"
 
         # a published version supersedes the active model: a new selection, after the previous one
-        await bus.publish(subjects.model_published(), await store_version(bus, v2))
+        await bus.publish(subjects.model_published(), await store_version(bus, v2, key=signer))
 
         async def event(policy: str, reason: str):
             return next((e for e in events if e.policy == policy and e.reason.startswith(reason)), None)
@@ -126,22 +131,28 @@ async def test_published_model_is_promoted_judged_and_rolled_back(nats_url, serv
                          hist.encode_history(hist.push(await kv_history(bus), base.model_dump(exclude={"v"}))))
         await bus.kv_put(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY, m.encode(base))
         assert await wait_until(lambda: _is(health, "policy", "kube-resources"), 5.0)
-        await bus.publish(subjects.model_published(), await store_version(bus, v3))
+        await bus.publish(subjects.model_published(), await store_version(bus, v3, key=signer))
         seen = await wait_until(lambda: _is(health, "published", None, v3), 10.0)
         assert seen["published"]["outcome"].startswith("left alone: the active selection kube-resources is not a model")
         await asyncio.sleep(0.5)  # five ticks
         assert not any(e.policy == f"model:{v3}" for e in events)
         assert (await kv_selection(bus)).policy == "kube-resources"
 
-        # back on a model: a version whose actor does not match its digest is never selected, the next one is
+        # back on a model: a version whose actor does not match its digest, an unsigned one and one signed by an
+        # untrusted key are never selected, the next one is
         back = m.PolicySelection(policy=f"model:{v1}", reason="test: model again", time=time.time())
         await bus.kv_put(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY, m.encode(back))
         assert await wait_until(lambda: _is(health, "policy", f"model:{v1}"), 5.0)
-        await bus.publish(subjects.model_published(), await store_version(bus, v4, corrupt=True))
-        await bus.publish(subjects.model_published(), await store_version(bus, v5))
+        await bus.publish(subjects.model_published(), await store_version(bus, v4, corrupt=True, key=signer))
+        await bus.publish(subjects.model_published(), await store_version(bus, v6))
+        await bus.publish(subjects.model_published(), await store_version(bus, v7, key=stranger))
+        await bus.publish(subjects.model_published(), await store_version(bus, v5, key=signer))
         assert await wait_until(lambda: event(f"model:{v5}", "promoted"), 10.0), proc.output()[-3000:]
-        assert not any(e.policy == f"model:{v4}" for e in events)
-        assert f"published model {v4} not verified" in proc.output()
+        assert not any(e.policy in (f"model:{v4}", f"model:{v6}", f"model:{v7}") for e in events)
+        out = proc.output()
+        assert f"published model {v4} not verified" in out and "sha256 of actor.onnx" in out
+        assert f"published model {v6} not verified" in out and "unsigned" in out
+        assert f"published model {v7} not verified" in out and "not trusted" in out
     finally:
         await bus.close()
 
@@ -153,12 +164,12 @@ async def _is(health, key: str, value, version: str = ""):
     return h if h.get(key) == value else None
 
 
-async def test_cli_sets_a_version_stored_only_in_the_object_store(nats_url):
+async def test_cli_sets_a_version_stored_only_in_the_object_store(nats_url, model_keys):
     tag = uuid.uuid4().hex[:8]
     version = f"stored-{tag}"
     bus = await Bus.connect(nats_url, name="test-policy-set-stored")
     try:
-        await store_version(bus, version)
+        await store_version(bus, version, key=model_keys.key)
         out = await asyncio.to_thread(cli, nats_url, "set", f"model:{version}", "--reason", "pin the fine-tune")
         assert out.returncode == 0, out.stderr
         sel = await kv_selection(bus)

@@ -10,12 +10,17 @@ Sources of a model:
   version (cached already, being fetched, on disk, or fetched from the Object Store) or a model folder;
 - at start, ``models/default`` when present.
 
+Every model is checked before it is built: its ``manifest.sig`` must verify against a trusted public key
+(settings ``trusted_model_keys``, default the shipped ``models/trusted``), so the manifest and with it every
+file digest is the trainer's; a folder on disk is loaded only from an allowed directory (``allowed_model_dirs``,
+default ``models/`` and ``.state/models``); versions are single path components. docs/security.md.
+
 Fetching and digest checks happen on the event loop's side (I/O); checks of large files and building the
 ONNX Runtime sessions run in a worker thread, and the swap is one assignment on the event loop, so a
 decision uses either the old or the new model, never a mix. A model that cannot be fetched, fails a
 digest or does not load is refused: the previous model (or the baseline) keeps serving and
-``agmarl_model_load_failures_total{reason}`` counts it (reason: not_found, digest, missing, invalid,
-fetch, load).
+``agmarl_model_load_failures_total{reason}`` counts it (reason: not_found, unsigned, untrusted, signature,
+not_allowed, digest, missing, invalid, fetch, load).
 
 Which policy serves: the selection, and only the selection (every switch is a PolicySelection event
 with its reason; the adaptive-engine turns a published model into one when its promotion rule
@@ -48,9 +53,12 @@ Apply = Callable[[object, str, m.PolicySelection], None]  # (policy, model versi
 
 
 class ModelRegistry:
-    def __init__(self, rt: ServiceRuntime, apply: Apply):
-        """``apply(policy, version, selection)`` installs a policy as the app's active (or canary) policy."""
+    def __init__(self, rt: ServiceRuntime, apply: Apply, trust: modelstore.ModelTrust | None = None):
+        """``apply(policy, version, selection)`` installs a policy as the app's active (or canary) policy;
+        ``trust`` (which keys and directories models may come from) defaults to the settings'."""
         self.rt, self.apply = rt, apply
+        self.trust = trust or modelstore.ModelTrust.load(getattr(rt.settings, "trusted_model_keys", ""),
+                                                         getattr(rt.settings, "allowed_model_dirs", ""))
         self.models: OrderedDict[str, OnnxModelPolicy] = OrderedDict()
         self.fetching: dict[str, asyncio.Task] = {}  # version -> its fetch in progress (a selection joins it)
         self.latest: OnnxModelPolicy | None = None
@@ -126,7 +134,8 @@ class ModelRegistry:
             self._fail("fetch", f"{type(err).__name__}: {err}")
             return None
         src = f"objectstore {version}"
-        return await self._build(lambda: modelstore.load_bytes(files, src, expected_sha256, expected_files), src)
+        return await self._build(lambda: modelstore.load_bytes(files, src, expected_sha256, expected_files,
+                                                               trust=self.trust), src)
 
     async def resolve(self, ref: str) -> OnnxModelPolicy | None:
         """The model ``model:<ref>`` names: loaded already, on disk, or fetched from the Object Store."""
@@ -140,12 +149,13 @@ class ModelRegistry:
         if ref in self.fetching:
             return await self.fetch(ref)
         if modelstore.local_dir(ref) is not None:
-            return await self._build(lambda: modelstore.load_local(ref), f"disk {ref}")
+            return await self._build(lambda: modelstore.load_local(ref, trust=self.trust), f"disk {ref}")
         return await self.fetch(ref)
 
     async def load_default(self) -> OnnxModelPolicy | None:
         if self.default is None and modelstore.local_dir("default") is not None:
-            self.default = await self._build(lambda: modelstore.load_local("default"), "disk default")
+            self.default = await self._build(lambda: modelstore.load_local("default", trust=self.trust),
+                                             "disk default")
             if self.default is not None and self.latest is None:
                 self._set_latest(self.default)
         return self.default

@@ -20,8 +20,8 @@ class InferenceSettings(common.ModelInputSettings, common.KubeSettings):
     max_body_bytes: int = 16 * 1024 * 1024
     extender_path_prefixes: list[str] = ["", "/ext"]  # the verbs are served under each (scheduler urlPrefix)
     explain_model: bool = True  # add the model's attention / feature contributions to each loop decision
-    # model trust (docs/security.md): public keys whose signatures are trusted (key files or directories of
-    # *.pub, ':'-separated; "" = the shipped models/trusted) and the directories local model folders may be
-    # loaded from (':'-separated; "" = models/ and .state/models)
-    trusted_model_keys: str = ""  # AGMARL_TRUSTED_MODEL_KEYS
-    allowed_model_dirs: str = ""  # AGMARL_ALLOWED_MODEL_DIRS
+    # public keys whose model signatures are trusted: key files or directories of *.pub, ':'-separated; "" =
+    # the shipped models/trusted (docs/security.md)
+    trusted_model_keys: str = ""
+    # directories a local model folder may be loaded from, ':'-separated; "" = models/ and .state/models
+    allowed_model_dirs: str = ""

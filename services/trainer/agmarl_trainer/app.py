@@ -10,11 +10,16 @@ stream's transitions, bounded, mirrored to ``<work>/experience.jsonl``) is copie
 file of configs/train/ under ``train_config``) goes to a separate process, so the event loop stays
 responsive. Then "running", and at the end:
 
-- "done" with the model version when the gate promoted the candidate: every model file is stored in the
-  Object Store bucket ``agmarl_models`` as ``<version>/<file>`` and ``model_published`` announces it;
+- "done" with the model version when the gate promoted the candidate: its manifest is signed with the
+  trainer's key (``model_signing_key``; ``manifest.sig``, docs/security.md), every model file is stored in
+  the Object Store bucket ``agmarl_models`` as ``<version>/<file>`` and ``model_published`` announces it;
 - "rejected" with the gate's reason and the metrics of candidate, incumbent, FGD and BestFit (nothing
   published);
-- "failed" with the reason.
+- "failed" with the reason (no signing key configured among them).
+
+A request id becomes the run's folder ``<work>/<request id>``: one that is not a single safe path component
+(``pathnames``) is rejected before anything is written (``agmarl_trainer_invalid_request_ids_total``). The
+incumbent model is verified as inference verifies it (signed by a trusted key, digests, allowed directory).
 
 ``evidence["force"] = true`` publishes a candidate the gate refused (the status says so). Every run's
 ``<work>/<request id>/result.json`` holds the evaluation, the verdict and what was published. On shutdown
@@ -34,7 +39,8 @@ from pathlib import Path
 from prometheus_client import Counter
 
 from agmarl_common import messages as m
-from agmarl_common import modelstore, subjects
+from agmarl_common import modelstore, signing, subjects
+from agmarl_common.pathnames import check_path_component, is_path_component
 from agmarl_common.policies.registry import MODEL_PREFIX
 from agmarl_common.service import HandlerContext, ServiceRuntime
 from agmarl_common.settings import load_settings
@@ -123,6 +129,11 @@ class TrainerApp:
         latest = self.work_dir / "latest_published"
         self.latest = latest.read_text().strip() if latest.is_file() else ""  # newest version published here
         self.running: str = ""  # request id of the run in progress
+        self.invalid_ids = Counter("agmarl_trainer_invalid_request_ids_total",
+                                   "Train requests refused: request_id is not a safe path component", registry=rt.registry)
+        self.signing_key = signing.load_private_key(settings.model_signing_key) if settings.model_signing_key else None
+        self.trust = modelstore.ModelTrust.load(settings.trusted_model_keys, settings.allowed_model_dirs,
+                                                own_dirs=[self.work_dir / "models"])
         self.proc: multiprocessing.Process | None = None  # its process (the leader of its process group)
 
     async def on_experience(self, msg: m.Experience, ctx: HandlerContext) -> None:
@@ -135,6 +146,12 @@ class TrainerApp:
         def status(s: str, detail: str) -> m.TrainStatus:
             self.requests.labels(status=s).inc()
             return m.TrainStatus(request_id=req.request_id, status=s, detail=detail, time=time.time())
+        if not is_path_component(req.request_id):
+            self.invalid_ids.inc()
+            self.rt.log.warning("train request refused: request_id %r is not a safe path component",
+                                req.request_id[:80])
+            return status("rejected", f"request_id {req.request_id[:80]!r} is not a safe path component (1-128 of "
+                                      "A-Z a-z 0-9 . _ -, starting with a letter or digit, no '..')"), None
         if self.running:
             return status("rejected", f"a training run is in progress (request {self.running}); "
                                       f"reason given: {req.reason}"), None
@@ -161,12 +178,16 @@ class TrainerApp:
 
     async def model_dir(self, ref: str) -> Path | None:
         """A model folder on disk (``default``, a version under models/ or .state/models/), else fetched from
-        the Object Store into ``<work>/models/<version>``; None when there is no such model."""
-        local = modelstore.local_dir(ref) or modelstore.local_dir(str(self.work_dir / "models" / ref))
+        the Object Store into ``<work>/models/<version>``; None when there is no such model. Either is
+        verified first (``ModelIntegrityError``: unsigned, untrusted, tampered with, not allowed)."""
+        local = modelstore.local_dir(ref)
+        if local is None and is_path_component(ref):
+            local = modelstore.local_dir(str(self.work_dir / "models" / ref))
         if local is not None:
+            modelstore.load_dir(local, trust=self.trust)
             return local
         try:
-            artifact = await modelstore.fetch_version(self.rt.bus, ref)
+            artifact = await modelstore.fetch_version(self.rt.bus, ref, trust=self.trust)
         except modelstore.ModelNotFoundError:
             return None
         return modelstore.save(artifact, self.work_dir / "models")
@@ -194,7 +215,7 @@ class TrainerApp:
     # --- the run ---------------------------------------------------------------------------------
 
     async def train(self, req: m.TrainRequest, config: Path) -> None:
-        work = self.work_dir / req.request_id
+        work = self.work_dir / check_path_component(req.request_id, "request_id")  # answer() refused others
         out, result = work / "model", work / "result.json"
         work.mkdir(parents=True, exist_ok=True)
         proc = None
@@ -241,9 +262,14 @@ class TrainerApp:
         await self._status(req, "done", f"model {version} {how}; {verdict_detail(body)}", version)
 
     async def publish_model(self, model_dir: Path) -> str:
-        """Every file of ``model_dir`` into the models bucket as <version>/<file>, then model_published."""
+        """Sign the manifest (``manifest.sig``), every file of ``model_dir`` into the models bucket as
+        <version>/<file>, then model_published. Without a signing key nothing is published (RuntimeError)."""
+        if self.signing_key is None:
+            raise RuntimeError("no model signing key configured (AGMARL_MODEL_SIGNING_KEY; `agmarl keys generate`): "
+                               "an unsigned model would be refused by inference, so it is not published")
         manifest = json.loads((model_dir / "manifest.json").read_text())
-        version = manifest["version"]
+        version = check_path_component(str(manifest["version"]), "model version")
+        signing.sign_dir(model_dir, self.signing_key)
         for f in sorted(model_dir.iterdir()):
             if f.is_file():
                 await self.rt.bus.object_put(subjects.MODELS_BUCKET, f"{version}/{f.name}", f.read_bytes(),

@@ -11,8 +11,10 @@ import os
 import time
 import uuid
 
+import pytest
+
 from agmarl_common import messages as m
-from agmarl_common import subjects
+from agmarl_common import modelstore, subjects
 from agmarl_common.bus import Bus
 from agmarl_common.cluster.filters import feasible_nodes
 from agmarl_common.cluster.model import ClusterState, bind, state_to_dict, to_dict
@@ -74,9 +76,11 @@ class Harness:
     """A TrainerApp on a real nats-server, a test client, every train_status and model_published seen, and
     KV active_policy set for the test (restored afterwards)."""
 
-    def __init__(self, nats_url: str, tmp_path, active_policy: str):
+    def __init__(self, nats_url: str, tmp_path, active_policy: str, model_keys=None):
         self.cluster = f"trainer-{uuid.uuid4().hex[:6]}"
-        self.settings = TrainerSettings(nats_url=nats_url, cluster=self.cluster)
+        keys = {} if model_keys is None else {"model_signing_key": str(model_keys.key),
+                                              "trusted_model_keys": model_keys.trusted}
+        self.settings = TrainerSettings(nats_url=nats_url, cluster=self.cluster, **keys)
         self.rt = ServiceRuntime("trainer", self.settings)
         self.app = TrainerApp(self.rt, self.settings, work_dir=tmp_path / "trainer")
         self.active_policy = active_policy
@@ -142,9 +146,9 @@ async def test_a_candidate_that_is_not_better_is_not_published(nats_url, tmp_pat
         assert not h.app.running
 
 
-async def test_a_better_candidate_is_published_and_recorded_experience_is_used(nats_url, tmp_path):
+async def test_a_better_candidate_is_published_and_recorded_experience_is_used(nats_url, tmp_path, model_keys):
     # a weak baseline serves (random placement); the candidate starts from the newest model's weights
-    async with Harness(nats_url, tmp_path, "random") as h:
+    async with Harness(nats_url, tmp_path, "random", model_keys) as h:
         decisions = recorded_decisions(h.cluster)
         for e in decisions:
             await h.bus.js_publish(subjects.experience(h.cluster), e, msg_id=e.id)
@@ -167,6 +171,12 @@ async def test_a_better_candidate_is_published_and_recorded_experience_is_used(n
         manifest = json.loads(await h.bus.object_get(subjects.MODELS_BUCKET, f"{version}/manifest.json"))
         assert blob and manifest["version"] == version and manifest["files"]["actor.onnx"] == h.published[0].sha256
         assert manifest["evaluation"]["verdict"]["promote"] is True
+        # signed with the trainer's key: what inference fetches verifies against it, and only against it
+        artifact = await modelstore.fetch_version(h.bus, version, trust=model_keys.trust())
+        assert artifact.version == version and modelstore.SIGNATURE_FILE in artifact.files
+        with pytest.raises(modelstore.ModelIntegrityError) as refused:
+            await modelstore.fetch_version(h.bus, version, trust=modelstore.ModelTrust.load())  # release key only
+        assert refused.value.reason == "untrusted"
         assert h.app.latest == version  # the next run's incumbent when no selection names another
 
 
@@ -214,3 +224,30 @@ def test_force_is_read_from_the_evidence():
 
     assert forced(request("f", force=True)) and forced(request("g", force="true"))
     assert not forced(request("h")) and not forced(request("i", force=False)) and not forced(request("j", force="no"))
+
+
+async def test_request_ids_that_are_not_one_path_component_are_refused_and_nothing_is_written(nats_url, tmp_path):
+    state = tmp_path / "state"
+    async with Harness(nats_url, state, "model:default") as h:
+        bad = ["../../escape", "../escape", "/tmp/agmarl-escape-abs", "a/../../escape", "..", ".hidden", "a/b",
+               "x" * 129, "", "a\nb", "run..1"]
+        for rid in bad:
+            reply = await h.bus.request(subjects.train_request(), request(rid), m.TrainStatus, timeout=5)
+            assert reply.status == "rejected" and "not a safe path component" in reply.detail, (rid, reply.detail)
+        assert h.rt.registry.get_sample_value("agmarl_trainer_invalid_request_ids_total") == len(bad)
+        assert not h.app.running
+    # nothing was created outside the trainer's work folder, nor any run folder inside it
+    assert {p.name for p in tmp_path.iterdir()} <= {"state"}
+    assert not os.path.exists("/tmp/agmarl-escape-abs")
+    assert not [p for p in state.rglob("*") if p.is_dir() and p != state / "trainer"]
+
+
+async def test_without_a_signing_key_nothing_is_published(nats_url, tmp_path):
+    settings = TrainerSettings(nats_url=nats_url, cluster="trainer-unsigned")
+    app = TrainerApp(ServiceRuntime("trainer", settings), settings, work_dir=tmp_path / "trainer")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "manifest.json").write_text(json.dumps({"version": "unsigned-1", "files": {}}))
+    with pytest.raises(RuntimeError, match="no model signing key"):
+        await app.publish_model(model)
+    assert not (model / modelstore.SIGNATURE_FILE).exists()

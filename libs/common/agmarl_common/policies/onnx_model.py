@@ -182,8 +182,9 @@ class OnnxModelPolicy(PolicyBase):
                        for k, names in specs.items()}
 
     @staticmethod
-    def from_dir(path: str | Path) -> "OnnxModelPolicy":
-        return OnnxModelPolicy(modelstore.load_dir(path))
+    def from_dir(path: str | Path, trust: modelstore.ModelTrust | None = None) -> "OnnxModelPolicy":
+        """The model of a signed folder (``trust``: ``modelstore.trust_from_environment()`` when None)."""
+        return OnnxModelPolicy(modelstore.load_dir(path, trust=trust or modelstore.trust_from_environment()))
 
     # --- context ---------------------------------------------------------------------------------
 
@@ -365,5 +366,7 @@ class OnnxModelPolicy(PolicyBase):
 
 def resolve_model_policy(ref: str, seed: int = 0) -> OnnxModelPolicy:
     """``model:<ref>`` for the policy registry: ``default``, a model folder or a version on disk
-    (``modelstore.load_local``); KeyError when there is none, ModelIntegrityError on a digest mismatch."""
-    return OnnxModelPolicy(modelstore.load_local(ref))
+    (``modelstore.load_local``), signed by a key trusted in this process's environment and, for a folder,
+    inside an allowed directory (``modelstore.trust_from_environment``); KeyError when there is none,
+    ModelIntegrityError when it is unsigned, untrusted, tampered with or not allowed."""
+    return OnnxModelPolicy(modelstore.load_local(ref, trust=modelstore.trust_from_environment()))
