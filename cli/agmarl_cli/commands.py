@@ -6,7 +6,7 @@ import asyncio
 import time
 import uuid
 
-from agmarl_cli.supervisor import find_nats_url, latest_trace_dir
+from agmarl_cli.supervisor import find_nats_auth, find_nats_url, latest_trace_dir
 from agmarl_common import messages as m
 from agmarl_common import subjects
 from agmarl_common.bus import Bus
@@ -26,7 +26,7 @@ async def decisions_tail(namespace: str | None, cluster: str, last: int, follow_
     """
     from nats.js.api import ConsumerConfig, DeliverPolicy  # noqa: PLC0415
 
-    bus = await Bus.connect(find_nats_url(), name="agmarl-tail")
+    bus = await Bus.connect(find_nats_url(), name="agmarl-tail", auth=find_nats_auth())
     subject = subjects.decision(cluster, namespace) if namespace else subjects.decision_wildcard(cluster)
     try:
         await bus.ensure_streams()
@@ -57,7 +57,7 @@ async def decisions_tail(namespace: str | None, cluster: str, last: int, follow_
 
 
 async def retrain(reason: str, timeout: float) -> int:
-    bus = await Bus.connect(find_nats_url(), name="agmarl-retrain")
+    bus = await Bus.connect(find_nats_url(), name="agmarl-retrain", auth=find_nats_auth(write=True))
     try:
         req = m.TrainRequest(request_id=uuid.uuid4().hex, reason=reason, evidence={"source": "cli"},
                              requested_at=time.time())

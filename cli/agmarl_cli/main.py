@@ -38,6 +38,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("train", help="train a model in the simulator (see `agmarl train --help`)", add_help=False)
 
+    nc = sub.add_parser("nats-creds", help="NATS identities: make, rotate, export as Kubernetes Secrets (docs/security.md)")
+    nc.add_argument("--dir", default=None, help="credentials directory (default $AGMARL_NATS_CREDS_DIR, else "
+                    "<state>/nats-creds)")
+    nc.add_argument("--rotate", action="append", default=[], metavar="NAME", help="new seed for this identity")
+    nc.add_argument("--k8s", action="store_true", help="print Kubernetes Secrets (for kubectl apply -f -)")
+    nc.add_argument("--namespace", default="agmarl")
+    nc.add_argument("--container-readable", action="store_true",
+                    help="seeds 0644 in the 0700 directory (bind-mounted into containers by docker-compose)")
+
     pol = sub.add_parser("policy", help="the active policy")
     psub = pol.add_subparsers(dest="pcmd", required=True)
     psub.add_parser("show", help="the active selection and the recent history")
@@ -153,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     if args.cmd == "retrain":
         return asyncio.run(commands.retrain(args.reason, args.timeout))
+    if args.cmd == "nats-creds":
+        from agmarl_cli.natscreds import nats_creds  # noqa: PLC0415
+        return nats_creds(args.dir, args.rotate, args.k8s, args.namespace, args.container_readable)
     if args.cmd == "trace":
         return commands.trace(args.query, args.dir)
     if args.cmd == "policy":

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 import time
 
-from agmarl_cli.supervisor import find_nats_url
+from agmarl_cli.supervisor import find_nats_auth, find_nats_url
 from agmarl_common import messages as m
 from agmarl_common import modelstore, subjects
 from agmarl_common.adaptive import history as hist
@@ -65,7 +65,7 @@ async def _write(bus: Bus, sel: m.PolicySelection, history: list[dict]) -> None:
 
 
 async def policy_show(nats_url: str | None = None) -> int:
-    bus = await Bus.connect(nats_url or find_nats_url(), name="agmarl-policy")
+    bus = await Bus.connect(nats_url or find_nats_url(), name="agmarl-policy", auth=find_nats_auth())
     try:
         sel, history = await _read(bus)
         if sel is None:
@@ -86,7 +86,8 @@ async def policy_set(name: str, mode: str, reason: str, nats_url: str | None = N
     if error:
         print(f"agmarl: {error}", file=sys.stderr)
         return 2
-    bus = await Bus.connect(nats_url or find_nats_url(), name="agmarl-policy")
+    bus = await Bus.connect(nats_url or find_nats_url(), name="agmarl-policy",
+                              auth=find_nats_auth(write=True))
     try:
         if version and not await modelstore.in_object_store(bus, version):
             print(f"agmarl: model {version!r} not found: no model folder on disk and no {version}/"
@@ -103,7 +104,8 @@ async def policy_set(name: str, mode: str, reason: str, nats_url: str | None = N
 
 
 async def policy_rollback(reason: str, nats_url: str | None = None) -> int:
-    bus = await Bus.connect(nats_url or find_nats_url(), name="agmarl-policy")
+    bus = await Bus.connect(nats_url or find_nats_url(), name="agmarl-policy",
+                              auth=find_nats_auth(write=True))
     try:
         current, history = await _read(bus)
         if current is None or hist.rollback_index(history) is None:

@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agmarl_common import permissions
+from agmarl_common.natsauth import Credentials, NatsAuth, ensure_credentials, seed_path
 from agmarl_common.natsserver import NatsServer, free_port
 
 SERVICES = ("state-collector", "graph-builder", "inference", "reward-calculator", "adaptive-engine", "trainer")
@@ -26,6 +28,11 @@ def state_dir() -> Path:
     return Path(os.environ.get("AGMARL_STATE_DIR", ".state")).resolve()
 
 
+def creds_dir() -> Path:
+    """Where the NATS identities' seeds live: $AGMARL_NATS_CREDS_DIR or <state>/nats-creds."""
+    return Path(os.environ.get("AGMARL_NATS_CREDS_DIR") or state_dir() / "nats-creds").resolve()
+
+
 @dataclass
 class System:
     root: Path
@@ -35,6 +42,7 @@ class System:
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     logs: dict[str, Path] = field(default_factory=dict)
     http_port: int = field(default_factory=lambda: free_port())  # the extender's port for this run
+    creds: Credentials | None = None  # the NATS identities (None: an external NATS without them)
 
     @property
     def trace_dir(self) -> Path:
@@ -46,13 +54,23 @@ class System:
 
     def start_nats(self) -> str:
         url = os.environ.get("NATS_URL", "")
-        if url:
+        if url:  # an external server: its identities, when a credentials directory is given
             self.nats_url = url
+            if os.environ.get("AGMARL_NATS_CREDS_DIR"):
+                self.creds = ensure_credentials(creds_dir())
             return url
-        self.nats = NatsServer(store_dir=str(self.root / "nats"))
+        # authenticated by default: seeds kept across runs, permissions regenerated from the catalogue
+        self.creds = ensure_credentials(creds_dir())
+        self.nats = NatsServer(store_dir=str(self.root / "nats"), auth_config=self.creds.auth_config)
         self.nats.start()
         self.nats_url = self.nats.url
         return self.nats_url
+
+    def cli_auth(self) -> NatsAuth | None:
+        """The read-only CLI identity `agmarl up`'s own monitor connects with."""
+        if self.creds is None:
+            return None
+        return NatsAuth(seed_file=str(self.creds.seed(permissions.READ_ONLY)), identity=permissions.READ_ONLY)
 
     def service_env(self, service: str, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = dict(os.environ)
@@ -65,6 +83,8 @@ class System:
             "PYTHONUNBUFFERED": "1",
             "AGMARL_PARENT_PID": str(os.getpid()),
         })
+        if self.creds is not None:
+            env["AGMARL_NATS_NKEY_SEED_FILE"] = str(self.creds.seed(service))
         if service == "inference" and "AGMARL_HTTP_PORT" not in env:
             env["AGMARL_HTTP_PORT"] = str(self.http_port)
         env.update(extra or {})
@@ -87,6 +107,7 @@ class System:
         info = {"run_id": self.run_id, "nats_url": self.nats_url, "trace_dir": str(self.trace_dir),
                 "extender_url": f"http://127.0.0.1:{self.http_port}",
                 "log_dir": str(self.log_dir), "pids": {k: p.pid for k, p in self.procs.items()},
+                "nats_creds_dir": str(self.creds.directory) if self.creds else None,
                 "nats_pid": self.nats.pid if self.nats else None}
         (self.root / "run.json").write_text(json.dumps(info, indent=2))
 
@@ -127,6 +148,25 @@ def find_nats_url() -> str:
     if run_file.exists():
         return json.loads(run_file.read_text())["nats_url"]
     raise SystemExit("agmarl: no NATS to talk to: set NATS_URL or start the system with `agmarl up`")
+
+
+def find_nats_auth(write: bool = False) -> NatsAuth | None:
+    """The CLI's NATS identity: ``operator`` for write verbs, ``cli`` (read-only) otherwise, from
+    $AGMARL_NATS_CREDS_DIR, a running `agmarl up`'s credentials, or <state>/nats-creds; None when there
+    are no credentials (an anonymous server)."""
+    identity = permissions.OPERATOR if write else permissions.READ_ONLY
+    directory = Path(os.environ["AGMARL_NATS_CREDS_DIR"]) if os.environ.get("AGMARL_NATS_CREDS_DIR") else None
+    run_file = state_dir() / "run.json"
+    if directory is None and not os.environ.get("NATS_URL") and run_file.exists():
+        recorded = json.loads(run_file.read_text()).get("nats_creds_dir")
+        directory = Path(recorded) if recorded else None
+    directory = directory or creds_dir()
+    seed = seed_path(directory, identity)
+    if not seed.is_file():
+        return None
+    return NatsAuth(seed_file=str(seed), identity=identity, tls_ca_file=os.environ.get("AGMARL_NATS_TLS_CA_FILE"),
+                    tls_cert_file=os.environ.get("AGMARL_NATS_TLS_CERT_FILE"),
+                    tls_key_file=os.environ.get("AGMARL_NATS_TLS_KEY_FILE"))
 
 
 def latest_trace_dir() -> Path | None:

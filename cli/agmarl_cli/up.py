@@ -57,7 +57,7 @@ async def run_up(duration: float | None, summary_path: str | None, view: bool, e
         url = system.start_nats()
         # the trainer signs with a key of this state directory, the services trust it (docs/security.md)
         system.start_services({**local_model_keys(system.root), **env, "AGMARL_CLUSTER": cluster})
-        bus = await Bus.connect(url, name="agmarl-cli")
+        bus = await Bus.connect(url, name="agmarl-cli", auth=system.cli_auth())
         await mon.attach(bus)
         await wait_healthy(bus, system, services, stop)
         started = time.monotonic()

@@ -14,6 +14,8 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from agmarl_common.natsauth import ensure_credentials
+from agmarl_common.natsserver import DEFAULT_MAX_PAYLOAD
 
 from .test_compose import SERVICES, settings_fields
 from .kustomize import (
@@ -167,7 +169,7 @@ def test_nats_statefulset_keeps_jetstream_on_a_volume():
     assert claim["spec"]["resources"]["requests"]["storage"]
     container = pod_spec(sts)["containers"][0]
     assert {"name": claim["metadata"]["name"], "mountPath": "/data"} in container["volumeMounts"]
-    assert container["args"] == ["--config", "/etc/nats/nats.conf"]
+    assert container["args"] == ["--config", "/etc/nats/nats-tls.conf"]
     conf = configmap("hybrid", "nats-config")["data"]["nats.conf"]
     assert re.search(r'^\s*store_dir:\s*"/data"', conf, re.M)
     assert re.search(r"jetstream\s*\{[^}]*^\s*sync_interval:\s*always\s*$", conf, re.M | re.S)
@@ -186,6 +188,8 @@ def test_nats_config_runs_jetstream_with_sync_always(tmp_path: Path):
     conf = re.sub(r'store_dir:\s*"/data"', f'store_dir: "{tmp_path}"', conf)
     path = tmp_path / "nats.conf"
     path.write_text(conf, encoding="utf-8")
+    ensure_credentials(tmp_path / "creds")  # the auth.conf it includes, as `agmarl nats-creds` makes it
+    (tmp_path / "auth.conf").write_bytes((tmp_path / "creds" / "auth.conf").read_bytes())
     check = subprocess.run([str(NATS_BIN), "-t", "-c", str(path)], capture_output=True, text=True, timeout=30)
     assert check.returncode == 0 and "is valid" in check.stdout + check.stderr, check.stderr
     client, monitor = free_port(), free_port()
@@ -203,7 +207,7 @@ def test_nats_config_runs_jetstream_with_sync_always(tmp_path: Path):
         js = varz["jetstream"]["config"]
         assert js["sync_always"] is True
         assert js["store_dir"].startswith(str(tmp_path))
-        assert varz["max_payload"] == 8 * 1024 * 1024
+        assert varz["max_payload"] == DEFAULT_MAX_PAYLOAD  # the project's 1 MiB limit plus headers
     finally:
         proc.terminate()
         proc.wait(timeout=10)

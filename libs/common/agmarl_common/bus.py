@@ -17,6 +17,7 @@ from nats.js.errors import (BucketNotFoundError, KeyDeletedError, KeyNotFoundErr
 
 from . import subjects
 from .messages import MAX_MESSAGE_BYTES, Message, decode, encode
+from .natsauth import NatsAuth
 from .telemetry import inject
 
 M = TypeVar("M", bound=Message)
@@ -24,6 +25,11 @@ RawCallback = Callable[[Msg], Awaitable[None]]
 ERROR_HEADER = "Agmarl-Error"
 KIND_HEADER = "Agmarl-Kind"
 MSG_ID_HEADER = "Nats-Msg-Id"
+
+
+def _is_auth_error(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return "authorization violation" in text or "authentication" in text
 
 
 class RequestError(Exception):
@@ -58,9 +64,11 @@ class Bus:
     @classmethod
     async def connect(cls, url: str, name: str, max_reconnect: int = -1, connect_timeout: float = 2.0,
                       reconnect_time_wait: float = 0.5, connect_wait: float | None = 30.0,
-                      log: logging.Logger | None = None) -> "Bus":
+                      log: logging.Logger | None = None, auth: NatsAuth | None = None) -> "Bus":
         """Connect (retrying for up to ``connect_wait`` seconds when NATS is not up yet; None = forever),
-        then reconnect forever (``max_reconnect=-1``) after a disconnect. Connection changes are logged."""
+        then reconnect forever (``max_reconnect=-1``) after a disconnect. Connection changes are logged.
+        ``auth``: the identity's nkey seed (replies then arrive on ``_INBOX.<identity>``) and TLS files;
+        a server that refuses the identity raises ``ConnectionError`` at once (no retrying a bad key)."""
         logger = log or logging.getLogger(f"agmarl.bus.{name}")
         errors = [0]
         nc = Client()
@@ -83,15 +91,29 @@ class Bus:
         async def on_closed() -> None:
             logger.info("nats connection closed service=%s", name)
 
-        connecting = nc.connect(
+        refused: list[Exception] = []
+
+        async def on_connect_error(exc: Exception) -> None:
+            if _is_auth_error(exc) and not nc.is_connected:
+                refused.append(exc)
+                connecting.cancel()
+            await on_error(exc)
+
+        connecting = asyncio.ensure_future(nc.connect(
             servers=url, name=name, max_reconnect_attempts=max_reconnect, connect_timeout=connect_timeout,
-            reconnect_time_wait=reconnect_time_wait, error_cb=on_error, disconnected_cb=on_disconnected,
-            reconnected_cb=on_reconnected, closed_cb=on_closed, allow_reconnect=True)
+            reconnect_time_wait=reconnect_time_wait, error_cb=on_connect_error, disconnected_cb=on_disconnected,
+            reconnected_cb=on_reconnected, closed_cb=on_closed, allow_reconnect=True,
+            **(auth.connect_options() if auth is not None else {})))
         try:
             await asyncio.wait_for(connecting, connect_wait)
         except asyncio.TimeoutError:
             await nc.close()
             raise ConnectionError(f"no NATS server at {url} within {connect_wait}s") from None
+        except asyncio.CancelledError:
+            if not refused:
+                raise
+            await nc.close()
+            raise ConnectionError(f"NATS at {url} refused {name}: {refused[0]}") from None
         logger.info("nats connected service=%s url=%s", name, url)
         return cls(nc, name, logger)
 
@@ -173,9 +195,12 @@ class Bus:
             duplicate_window=spec.duplicate_window, max_age=spec.max_age or None, max_bytes=spec.max_bytes,
             retention=js_api.RetentionPolicy.LIMITS)
         try:
-            await self.js.stream_info(spec.name)
+            info = await self.js.stream_info(spec.name)
         except NotFoundError:
             return await self.js.add_stream(config)
+        have = info.config.as_dict()
+        if all(have.get(k) == v for k, v in config.as_dict().items()):
+            return info  # already as specified: no update (only a stream's producer may update it)
         return await self.js.update_stream(config)
 
     async def ensure_streams(self, streams: Iterable[subjects.StreamSpec] = subjects.STREAMS) -> list[str]:

