@@ -59,3 +59,12 @@ def test_trace_command_prints_span_tree_across_services(up_run):
     assert out.returncode == 0, out.stderr
     for service in ("state-collector", "graph-builder", "inference"):
         assert service in out.stdout
+
+
+def test_up_signs_with_a_key_of_its_state_directory_and_serves_the_signed_shipped_model(up_run):
+    _, _, _, root = up_run
+    keys = root / ".state" / "keys"
+    assert oct((keys / "model-signing.key").stat().st_mode & 0o777) == "0o600"
+    assert (keys / "model-signing.pub").read_text().startswith("-----BEGIN PUBLIC KEY-----")
+    logs = sorted((root / ".state" / "logs").glob("*/inference.log"))
+    assert logs and "loaded from disk default" in logs[-1].read_text()  # signature and digests verified
