@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import stat
+from pathlib import Path
 
 import nats
 import pytest
@@ -253,3 +254,9 @@ async def test_read_only_cli_tails_the_decision_log_and_cannot_purge_it(secure, 
     finally:
         await reader.nc.close()
         await inference.close()
+
+
+def test_security_doc_shows_the_generated_permissions():
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "security.md").read_text(encoding="utf-8")
+    assert "<!-- permissions:begin" in doc
+    assert permissions.render_markdown() in doc, "docs/security.md: run `python tools/gen_proto.py`"
