@@ -18,6 +18,16 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--rate", type=float, default=None, help="pod arrivals per simulated second")
     up.add_argument("--seed", type=int, default=None)
     up.add_argument("--no-view", action="store_true", help="print progress lines instead of the live view")
+    up.add_argument("--source", default=None, choices=("simulator", "kubernetes"),
+                    help="the cluster: the built-in simulator (default) or the Kubernetes API of --kubeconfig")
+    up.add_argument("--cluster", default=None, help="cluster name in the subjects (default: sim; with --source "
+                    "kubernetes: default, as deploy/k8s)")
+    up.add_argument("--kubeconfig", default=None, help="kubernetes: kubeconfig for every service (default: "
+                    "$AGMARL_KUBECONFIG, $KUBECONFIG, ~/.kube/config)")
+    up.add_argument("--context", default=None, help="kubernetes: kubeconfig context (default: the current one)")
+    up.add_argument("--batch-scheduler", default=None, metavar="NAME",
+                    help="kubernetes: place and bind the pending pods of this schedulerName in batch mode "
+                    "(e.g. agmarl-batch-scheduler; default: off)")
 
     dec = sub.add_parser("decisions", help="the decision log")
     dsub = dec.add_subparsers(dest="dcmd", required=True)
@@ -124,8 +134,10 @@ def main(argv: list[str] | None = None) -> int:
         return train_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.cmd == "up":
+        from agmarl_cli.source import UpSource, source_env  # noqa: PLC0415
         from agmarl_cli.up import run_up  # noqa: PLC0415 - keep `agmarl --help` fast
-        env = {}
+        env, cluster = source_env(UpSource(args.source, args.cluster, args.kubeconfig, args.context,
+                                           args.batch_scheduler))
         if args.nodes is not None:
             env["AGMARL_SIM_NODES"] = str(args.nodes)
         if args.rate is not None:
@@ -133,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.seed is not None:
             env["AGMARL_SIM_SEED"] = str(args.seed)
         view = args.duration is None and not args.no_view and sys.stdout.isatty()
-        return asyncio.run(run_up(args.duration, args.summary, view, env))
+        return asyncio.run(run_up(args.duration, args.summary, view, env, cluster=cluster))
     if args.cmd == "eval":
         from agmarl_cli.evaluate import EvalSpec, eval_command  # noqa: PLC0415
         spec = EvalSpec(protocol=args.protocol, workload=args.workload, nodes=args.nodes, ratio=args.ratio,

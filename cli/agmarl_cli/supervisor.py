@@ -42,6 +42,8 @@ class System:
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     logs: dict[str, Path] = field(default_factory=dict)
     http_port: int = field(default_factory=lambda: free_port())  # the extender's port for this run
+    # each service's /metrics port for this run (one environment for all six cannot give each its own)
+    metrics_ports: dict[str, int] = field(default_factory=lambda: {s: free_port() for s in SERVICES})
     creds: Credentials | None = None  # the NATS identities (None: an external NATS without them)
 
     @property
@@ -87,6 +89,8 @@ class System:
             env["AGMARL_NATS_NKEY_SEED_FILE"] = str(self.creds.seed(service))
         if service == "inference" and "AGMARL_HTTP_PORT" not in env:
             env["AGMARL_HTTP_PORT"] = str(self.http_port)
+        if service in self.metrics_ports:
+            env["AGMARL_METRICS_PORT"] = str(self.metrics_ports[service])
         env.update(extra or {})
         return env
 
@@ -106,10 +110,19 @@ class System:
     def write_run_file(self) -> None:
         info = {"run_id": self.run_id, "nats_url": self.nats_url, "trace_dir": str(self.trace_dir),
                 "extender_url": f"http://127.0.0.1:{self.http_port}",
+                "metrics_urls": self.metrics_urls(),
                 "log_dir": str(self.log_dir), "pids": {k: p.pid for k, p in self.procs.items()},
                 "nats_creds_dir": str(self.creds.directory) if self.creds else None,
                 "nats_pid": self.nats.pid if self.nats else None}
         (self.root / "run.json").write_text(json.dumps(info, indent=2))
+
+    def metrics_urls(self) -> dict[str, str]:
+        return {s: f"http://127.0.0.1:{port}/metrics" for s, port in self.metrics_ports.items()}
+
+    def endpoints(self) -> str:
+        """One line for the operator: where the extender and each service's metrics listen."""
+        metrics = "  ".join(f"{s}=:{port}" for s, port in self.metrics_ports.items())
+        return f"extender http://127.0.0.1:{self.http_port}   metrics (/metrics on 127.0.0.1) {metrics}"
 
     def exited(self) -> dict[str, int]:
         """Services whose process has ended, with their exit code."""

@@ -22,7 +22,7 @@ def render(mon: Monitor, elapsed: float, services: dict[str, str]) -> str:
     s = mon.stats
     lat = mon.latency_summary()
     lines = [
-        f"AGMARL-DKS  local simulated cluster   t={elapsed:6.0f}s   (Ctrl-C to stop)",
+        f"AGMARL-DKS  cluster {mon.cluster}   t={elapsed:6.0f}s   (Ctrl-C to stop)",
         "",
         f"scheduled/s {mon.rate():6.1f}   pending {int(s.get('pending', 0)):5d}   bound total {mon.pods_bound:6d}"
         f"   decisions {mon.decisions:6d}   refused binds {mon.bind_rejected}",
@@ -60,6 +60,7 @@ async def run_up(duration: float | None, summary_path: str | None, view: bool, e
         bus = await Bus.connect(url, name="agmarl-cli", auth=system.cli_auth())
         await mon.attach(bus)
         await wait_healthy(bus, system, services, stop)
+        print(f"agmarl: cluster {cluster}: {system.endpoints()}", flush=True)
         started = time.monotonic()
         last_print = 0.0
         while not stop.is_set():

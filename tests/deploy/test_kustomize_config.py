@@ -17,6 +17,10 @@ import yaml
 from agmarl_common.natsauth import ensure_credentials
 from agmarl_common.natsserver import DEFAULT_MAX_PAYLOAD
 
+from agmarl_common.cluster.specs import AGMARL_BATCH_SCHEDULER, AGMARL_SCHEDULER
+from agmarl_common.settings import load_settings
+from agmarl_state_collector.settings import CollectorSettings
+
 from .test_compose import SERVICES, settings_fields
 from .kustomize import (
     MAX_EXTENDER_PRIORITY,
@@ -116,10 +120,28 @@ def test_overlay_sets_its_rollout_mode(overlay: str, mode: str):
     if overlay == "canary":
         assert data["AGMARL_CANARY_NAMESPACES"] and "=" in data["AGMARL_CANARY_LABEL_SELECTOR"]
     if overlay == "batch":
-        assert data["AGMARL_BATCH_SCHEDULER_NAME"] == "agmarl-scheduler"
+        assert data["AGMARL_BATCH_SCHEDULER_NAME"] == AGMARL_BATCH_SCHEDULER
         assert not [w for w in workloads("batch") if "kube-scheduler" in json.dumps(pod_spec(w))]
     else:
         assert "AGMARL_BATCH_SCHEDULER_NAME" not in data
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_pod_has_one_decider(overlay: str):
+    """kube-scheduler with the extender answers to agmarl-scheduler; the batch scheduler (inference places
+    and binds, the state-collector announces its pods on the bus) to another name, and only in the batch
+    overlay. Built from the overlay's own config map, the state-collector's settings agree."""
+    data = configmap(overlay, "agmarl-config")["data"]
+    collector = load_settings(CollectorSettings, environ=data)  # what the state-collector pod reads
+    extender = overlay in EXTENDER_OVERLAYS
+    profiles = [p["schedulerName"] for p in scheduler_config(overlay)["profiles"]] if extender else []
+    if overlay == "batch":
+        assert collector.batch_scheduler_name == AGMARL_BATCH_SCHEDULER != AGMARL_SCHEDULER
+        assert not profiles
+    else:
+        assert profiles == [AGMARL_SCHEDULER]
+        assert collector.batch_scheduler_name == ""  # nothing reaches the NATS loop: kube-scheduler decides
+    assert collector.batch_scheduler_name not in profiles
 
 
 def test_config_names_are_settings_fields():

@@ -31,7 +31,7 @@ Settings changed for this test (environment of the services; production defaults
   fixed: 5.2 %, p99 4.4 %), so 6 % sits just above the noise; the test also asserts that the balance
   component fell under the bad model, i.e. that the rollback was earned. The guard's window (20
   rewards) and min_samples (10) keep their defaults: at ~20 rewards/s they span about one second.
-- adaptive-engine ``AGMARL_TICK_SECONDS=0.1`` (default 0.5): the guard and KV sync run every 0.1 s,
+- adaptive-engine ``AGMARL_ENGINE_TICK_SECONDS=0.1`` (default 0.5): the guard and KV sync run every 0.1 s,
   so adoption and judgement latency are not dominated by the tick.
 - adaptive-engine ``AGMARL_GATE_ENABLED=false``: the regime gate would otherwise switch experts by
   itself (e.g. to ``model:default``) and change what a rollback goes back to.
@@ -81,7 +81,7 @@ CLUSTER = "badmodel"
 BASELINE = "kube-resources"
 ROLLBACK_WITHIN_S = 5.0
 SIM_NODES = 20
-ENGINE_ENV = {"AGMARL_GUARD_MAX_DROP": "0.06", "AGMARL_TICK_SECONDS": "0.1", "AGMARL_GATE_ENABLED": "false",
+ENGINE_ENV = {"AGMARL_GUARD_MAX_DROP": "0.06", "AGMARL_ENGINE_TICK_SECONDS": "0.1", "AGMARL_GATE_ENABLED": "false",
               "AGMARL_RETRAIN_COOLDOWN_SECONDS": "1e10"}
 COLLECTOR_ENV = {"AGMARL_SIM_NODES": str(SIM_NODES)}
 REWARD_ENV = {"AGMARL_SCHEME": "load_conditional"}

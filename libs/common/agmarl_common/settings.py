@@ -16,11 +16,19 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
+from .cluster.specs import AGMARL_SCHEDULER
 from .messages import MAX_MESSAGE_BYTES
 
 S = TypeVar("S", bound=BaseModel)
+
+# Closed choices, one type each wherever a setting takes them (``docs/configuration.md`` lists the values).
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+Objective = Literal["composite", "allocation"]  # = features.OBJECTIVES
+Scheme = Literal["fixed", "load_conditional", "lexicographic"]  # = reward.SCHEMES
+RolloutMode = Literal["shadow", "recommend", "canary", "hybrid", "full"]
+Source = Literal["simulator", "kubernetes"]
 
 
 class CommonSettings(BaseModel):
@@ -28,14 +36,19 @@ class CommonSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    nats_url: str = "nats://127.0.0.1:4222"
-    cluster: str = "sim"
-    metrics_host: str = "127.0.0.1"
-    metrics_port: int = 0
-    trace_dir: str | None = None
-    max_message_bytes: int = MAX_MESSAGE_BYTES
-    log_level: str = "INFO"
+    nats_url: str = "nats://127.0.0.1:4222"  # the NATS server (JetStream on)
+    cluster: str = "sim"  # the cluster's name in every subject; the deploy files use "default"
+    metrics_host: str = "127.0.0.1"  # Prometheus /metrics listen address
+    metrics_port: int = 0  # Prometheus /metrics port; 0 = any free port (`agmarl up` picks one per service)
+    trace_dir: str | None = None  # also write finished spans as JSON lines here (`agmarl trace` reads them)
+    max_message_bytes: int = MAX_MESSAGE_BYTES  # largest message decoded; snapshots above it are sent in chunks
+    log_level: LogLevel = "INFO"  # level of the agmarl loggers (case-insensitive)
     parent_pid: int = 0  # when set (by `agmarl up`), the service stops itself if that process goes away
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_log_level(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
     # NATS identity (docs/security.md): this service's nkey seed file, written by `agmarl up` or
     # `agmarl nats-creds`, mounted from a Secret in Kubernetes; None = connect anonymously
     nats_nkey_seed_file: str | None = None
@@ -51,8 +64,31 @@ class ModelInputSettings(CommonSettings):
     the composite reward's weighting scheme that weights ``reward_gain`` (``AGMARL_SCHEME``, the variable the
     reward-calculator reads: one setting for all three)."""
 
-    objective: Literal["composite", "allocation"] = "composite"
-    scheme: Literal["fixed", "load_conditional", "lexicographic"] = "fixed"
+    objective: Objective = "composite"  # what the model optimises: composite reward or GPU allocation
+    scheme: Scheme = "fixed"  # the composite reward's weighting scheme (the reward-calculator's too)
+
+
+class KubeSettings(BaseModel):
+    """What a service that talks to the Kubernetes API needs: the state-collector's watch, and inference's
+    batch binder and bind verb. One kubeconfig story (``kubeclient.load_api_client``): ``kubeconfig``, else
+    ``$KUBECONFIG``, else the in-cluster service account, else ``~/.kube/config``. One batch scheduler: pods whose
+    ``schedulerName`` is ``batch_scheduler_name`` are announced on the bus by the state-collector and placed by
+    inference's batch mode; pods of any other scheduler (``agmarl-scheduler``, kube-scheduler with the extender)
+    never reach the NATS loop. A mixin: a service settings class lists it after ``CommonSettings``."""
+
+    kubeconfig: str = ""  # kubeconfig path; "" = $KUBECONFIG, else in-cluster, else ~/.kube/config
+    kube_context: str = ""  # kubeconfig context; "" = the current one
+    batch_scheduler_name: str = ""  # the batch scheduler's schedulerName (e.g. agmarl-batch-scheduler); "" = off
+
+    @field_validator("batch_scheduler_name")
+    @classmethod
+    def _not_the_extender_profile(cls, value: str) -> str:
+        if value == AGMARL_SCHEDULER:
+            raise ValueError(f"{AGMARL_SCHEDULER!r} is the schedulerName of kube-scheduler with the extender "
+                             "(deploy/k8s overlays): its pods are decided by kube-scheduler; name the batch "
+                             "scheduler differently (e.g. agmarl-batch-scheduler)")
+        return value
+
 
 
 def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:

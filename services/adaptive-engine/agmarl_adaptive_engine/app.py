@@ -4,7 +4,7 @@ On start it makes sure the KV key ``active_policy`` holds a selection (the basel
 else is chosen) and that ``policy_history`` records it. It feeds rewards, snapshot counters and
 workload features (arrival mix, load, load spread, arrival rate) to the ``AdaptiveController``
 (``agmarl_common.adaptive``): drift detectors with hysteresis, the gate over the expert library,
-the guard with automatic rollback, and canary-only exploration. A loop every ``tick_seconds``
+the guard with automatic rollback, and canary-only exploration. A loop every ``engine_tick_seconds``
 picks up selections made elsewhere (``agmarl policy set``) from KV and applies the controller's
 switches: each one is written to KV (active + history) and published as a PolicySelection event
 with its reason. Drift alarms become (rate-limited) train requests carrying the evidence.
@@ -72,7 +72,7 @@ def controller_config(s: AdaptiveSettings, known=None) -> ControllerConfig:
         gate=GateConfig(s.busy_enter, s.busy_exit, s.affinity_enter, s.affinity_exit, s.regime_dwell_seconds),
         guard=GuardConfig(s.guard_window, s.guard_min_samples, s.guard_min_reward, s.guard_max_drop,
                           s.guard_min_success, s.guard_min_decided),
-        explore=ExploreConfig(s.explore_rate, tuple(s.canary_namespaces)),
+        explore=ExploreConfig(s.explore_rate, tuple(s.explore_namespaces)),
         gate_enabled=s.gate_enabled, gate_period_s=s.gate_period_seconds, hold_s=s.hold_seconds,
         quarantine_s=s.quarantine_seconds, default_mode=s.default_mode,
         ph=PageHinkley(delta=s.ph_delta, threshold=s.ph_threshold, min_samples=s.ph_min_samples),
@@ -286,9 +286,9 @@ class AdaptiveApp:
         self.train_requests.inc()
 
     async def loop(self) -> None:
-        """Every ``tick_seconds``: adopt external selections, then apply the controller's switches."""
+        """Every ``engine_tick_seconds``: adopt external selections, then apply the controller's switches."""
         while True:
-            await asyncio.sleep(self.settings.tick_seconds)
+            await asyncio.sleep(self.settings.engine_tick_seconds)
             now = time.time()
             try:
                 async with self.lock:

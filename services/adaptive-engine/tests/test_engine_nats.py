@@ -64,7 +64,7 @@ async def test_reward_collapse_rolls_back_and_cli_round_trip(nats_url, service_p
         await start_selection(bus, "kube-resources")
         events = await collect(bus, subjects.policy_selection(), m.PolicySelection)
         proc = service_processes("agmarl_adaptive_engine", env={
-            "NATS_URL": nats_url, "AGMARL_CLUSTER": CLUSTER, "AGMARL_TICK_SECONDS": "0.1"})
+            "NATS_URL": nats_url, "AGMARL_CLUSTER": CLUSTER, "AGMARL_ENGINE_TICK_SECONDS": "0.1"})
         await wait_healthy(bus, "adaptive-engine", timeout=30, proc=proc)
 
         out = cli(nats_url, "set", "most-allocated", "--reason", "try packing")
@@ -129,7 +129,7 @@ async def test_model_inference_refuses_is_rolled_back(nats_url, service_processe
         refused = await collect(bus, subjects.selection_refused(), m.SelectionRefused)
         events = await collect(bus, subjects.policy_selection(), m.PolicySelection)
         engine = service_processes("agmarl_adaptive_engine", env={
-            "NATS_URL": nats_url, "AGMARL_CLUSTER": CLUSTER, "AGMARL_TICK_SECONDS": "0.1"})
+            "NATS_URL": nats_url, "AGMARL_CLUSTER": CLUSTER, "AGMARL_ENGINE_TICK_SECONDS": "0.1"})
         inference = service_processes("agmarl_inference", env={
             "NATS_URL": nats_url, "AGMARL_CLUSTER": CLUSTER, "AGMARL_HTTP_PORT": "0"})
         await wait_healthy(bus, "adaptive-engine", timeout=30, proc=engine)

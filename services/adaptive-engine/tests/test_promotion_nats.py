@@ -86,7 +86,7 @@ async def test_published_model_is_promoted_judged_and_rolled_back(nats_url, serv
         await bus.subscribe(subjects.policy_selection(), on_event)
         await bus.flush()
         proc = service_processes("agmarl_adaptive_engine", env={
-            "NATS_URL": nats_url, "AGMARL_CLUSTER": CLUSTER, "AGMARL_TICK_SECONDS": "0.1",
+            "NATS_URL": nats_url, "AGMARL_CLUSTER": CLUSTER, "AGMARL_ENGINE_TICK_SECONDS": "0.1",
             "AGMARL_INITIAL_POLICY": f"model:{v1}", **model_keys.env})
         await wait_healthy(bus, "adaptive-engine", timeout=30, proc=proc)
 

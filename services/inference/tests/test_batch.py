@@ -15,7 +15,8 @@ from agmarl_common import messages as m
 from agmarl_common import subjects
 from agmarl_common.bus import Bus
 from agmarl_common.cluster.filters import filter_node, violations
-from agmarl_common.cluster.model import AGMARL_SCHEDULER, ClusterState, Node, Pod, bind, state_to_dict, to_dict
+from agmarl_common.cluster.model import ClusterState, Node, Pod, bind, state_to_dict, to_dict
+from agmarl_common.cluster.specs import AGMARL_BATCH_SCHEDULER, AGMARL_SCHEDULER
 from agmarl_common.policies.registry import get_policy
 from agmarl_common.service import ServiceRuntime
 from agmarl_common.testing_k8s import StandInApiServer, node_json, pod_json
@@ -27,7 +28,7 @@ NODES = (Node("a", 4000, 8192), Node("b", 4000, 8192), Node("c", 4000, 8192))
 
 
 def pod(name: str, cpu: int, mem: int = 512, **kw) -> Pod:
-    return Pod(name, cpu, mem, scheduler_name=AGMARL_SCHEDULER, **kw)
+    return Pod(name, cpu, mem, scheduler_name=AGMARL_BATCH_SCHEDULER, **kw)
 
 
 # --- the pure core ------------------------------------------------------------------------------
@@ -128,9 +129,17 @@ def test_ledger_keeps_every_pod_in_exactly_one_status():
 
 
 def test_batch_config_reads_batch_settings():
-    s = InferenceSettings(batch_scheduler_name="my-sched", rollout_mode="hybrid")
+    s = InferenceSettings(batch_scheduler_name="my-sched", rollout_mode="hybrid", kubeconfig="/k", kube_context="c")
     cfg = BatchConfig.from_settings(s)
     assert (cfg.scheduler_name, cfg.mode, cfg.window_s) == ("my-sched", "hybrid", 0.2)
+    assert (cfg.kubeconfig, cfg.kube_context) == ("/k", "c")  # the one kubeconfig setting (KubeSettings)
+    assert BatchConfig().scheduler_name == AGMARL_BATCH_SCHEDULER
+
+
+def test_batch_scheduler_is_never_the_extender_profile():
+    """kube-scheduler with the extender owns agmarl-scheduler's pods: batch mode may not claim them too."""
+    with pytest.raises(ValueError, match="agmarl-scheduler"):
+        InferenceSettings(batch_scheduler_name=AGMARL_SCHEDULER)
 
 
 # --- the binder against the stand-in ---------------------------------------------------------------
@@ -150,7 +159,7 @@ class Harness:
 
     async def offer(self, pods: list[Pod]) -> None:
         for p in pods:
-            self.standin.add_pod(pod_json(p.name, cpu=f"{p.cpu_milli}m", scheduler_name=AGMARL_SCHEDULER))
+            self.standin.add_pod(pod_json(p.name, cpu=f"{p.cpu_milli}m", scheduler_name=AGMARL_BATCH_SCHEDULER))
             await self.bus.publish(subjects.pending(self.cluster), m.PendingPod(
                 cluster=self.cluster, pod=to_dict(p), seen_at=time.time(), seq=1))
 
@@ -171,7 +180,7 @@ async def harness(nats_url, tmp_path):
         standin.add_node(node_json(n.name, cpu="4", memory="8Gi"))
     cluster = f"b{uuid.uuid4().hex[:8]}"
     settings = InferenceSettings(nats_url=nats_url, cluster=cluster, trace_dir=str(tmp_path),
-                                 batch_scheduler_name=AGMARL_SCHEDULER)
+                                 batch_scheduler_name=AGMARL_BATCH_SCHEDULER)
     rt = ServiceRuntime(f"inference-batch-{cluster}", settings)
     api = client.ApiClient(client.Configuration(host=standin.url))
     cfg = BatchConfig(window_s=0.1, bind_attempts=3, bind_backoff_s=0.05, bind_timeout_s=2.0, retry_s=0.3)

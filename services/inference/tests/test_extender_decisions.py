@@ -86,7 +86,7 @@ class _ApiStub(BaseHTTPRequestHandler):
 
 
 async def test_bind_creates_a_binding_through_the_kubernetes_client(nats_url, tmp_path):
-    assert load_binder({}) is None
+    assert load_binder(environ={}) is None  # no setting, no $KUBECONFIG, not in a pod, no ~/.kube/config
     server = ThreadingHTTPServer(("127.0.0.1", 0), _ApiStub)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
@@ -97,7 +97,7 @@ async def test_bind_creates_a_binding_through_the_kubernetes_client(nats_url, tm
             "clusters": [{"name": "t", "cluster": {"server": f"http://127.0.0.1:{server.server_port}"}}],
             "contexts": [{"name": "t", "context": {"cluster": "t", "user": "u"}}],
             "users": [{"name": "u", "user": {"token": "t0k"}}]}))
-        binder = load_binder({"KUBECONFIG": str(kubeconfig)})
+        binder = load_binder(environ={"KUBECONFIG": str(kubeconfig)})
         assert binder is not None
         async with running(nats_url, binder=binder) as r:
             args = json.loads((SAMPLES / "bind-bind-1-request.wire.json").read_bytes())

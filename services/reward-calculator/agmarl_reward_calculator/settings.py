@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-from pydantic import field_validator
-
-from agmarl_common.reward import SCHEMES
-from agmarl_common.settings import CommonSettings
+from agmarl_common.settings import CommonSettings, Scheme
 
 
 class RewardSettings(CommonSettings):
     max_waiting: int = 10_000  # decisions kept while waiting for a later snapshot
     experience_max_bytes: int = 256 * 1024  # an experience over this is sent without its cluster state
-    scheme: str = "fixed"  # reward weighting scheme: fixed | load_conditional | lexicographic
+    scheme: Scheme = "fixed"  # the composite reward's weighting scheme (inference and trainer read it too)
     load_threshold: float = 0.6  # load_conditional: balance weighted up below, utilisation above
     stress_load: float = 0.75  # lexicographic: SLA gets its own tier at or above this load ...
     stress_sla: float = 0.9  # ... or when the SLA component is below this
-
-    @field_validator("scheme")
-    @classmethod
-    def _known_scheme(cls, value: str) -> str:
-        if value not in SCHEMES:
-            raise ValueError(f"unknown reward scheme {value!r}; known: {', '.join(SCHEMES)}")
-        return value

@@ -3,8 +3,10 @@
 Publishes, like the simulator path: a ``ClusterEvent`` per change the watch saw; a
 ``ClusterSnapshot`` when the state changed (debounced: at most one per ``snapshot_min_interval``,
 and at least one per ``snapshot_resync_seconds``); and a ``PendingPod`` for every pending pod whose
-``schedulerName`` is the batch scheduler (``batch_scheduler_name``), again after
+``schedulerName`` is the batch scheduler (``batch_scheduler_name``; none when it is empty), again after
 ``pending_retry_seconds`` while it stays pending -- these feed the inference service's batch mode.
+Pods of any other scheduler (kube-scheduler with the extender: ``agmarl-scheduler``) are never
+announced, so each pod is decided once, by whoever schedules it.
 Each newly pending pod starts a trace. Decisions are not applied here: in a real cluster
 kube-scheduler (extender mode) or the batch binder creates the Bindings, and the watch sees them.
 """
@@ -21,10 +23,11 @@ from agmarl_common import messages as m
 from agmarl_common import subjects
 from agmarl_common.cluster.filters import violations
 from agmarl_common.cluster.model import to_dict
+from agmarl_common.kubeclient import load_api_client
 from agmarl_common.reward import balance_std, utilisation_by_resource
 from agmarl_common.service import ServiceRuntime
 from agmarl_state_collector.k8scache import Change
-from agmarl_state_collector.k8ssource import KubernetesSource, WatchConfig, load_api_client
+from agmarl_state_collector.k8ssource import KubernetesSource, WatchConfig
 from agmarl_state_collector.settings import CollectorSettings
 from agmarl_state_collector.snapshots import SnapshotPublisher, snapshot_message
 
@@ -75,6 +78,8 @@ class KubernetesCollectorApp:
 
     def batch_pending(self):
         name = self.settings.batch_scheduler_name
+        if not name:
+            return []
         return [p for p in self.source.cache.pending_pods() if p.scheduler_name == name]
 
     async def announce_due(self, now: float) -> int:

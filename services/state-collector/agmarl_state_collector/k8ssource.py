@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import random
 import threading
 import time
@@ -26,14 +25,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes import client, config, watch
+from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from agmarl_state_collector.k8scache import Change, KubeCache, NodeConverter, PodConverter
 
 log = logging.getLogger("agmarl.state-collector.k8s")
 KINDS = ("nodes", "pods")
-SERVICE_HOST_ENV = "KUBERNETES_SERVICE_HOST"
 
 
 @dataclass(frozen=True)
@@ -81,20 +79,6 @@ class RawWatch(watch.Watch):
 
     def get_return_type(self, func: Callable) -> None:  # noqa: ARG002
         return None
-
-
-def load_api_client(kubeconfig: str = "", context: str = "") -> client.ApiClient:
-    """An ApiClient from ``kubeconfig`` (the setting), else $KUBECONFIG, else in-cluster config
-    when running in a pod, else ~/.kube/config."""
-    cfg = client.Configuration()
-    path = kubeconfig or os.environ.get("KUBECONFIG", "")
-    if path:
-        config.load_kube_config(config_file=path, context=context or None, client_configuration=cfg)
-    elif os.environ.get(SERVICE_HOST_ENV):
-        config.load_incluster_config(client_configuration=cfg)
-    else:
-        config.load_kube_config(context=context or None, client_configuration=cfg)
-    return client.ApiClient(cfg)
 
 
 OnChanges = Callable[[list[Change]], Awaitable[None]]

@@ -19,10 +19,14 @@ from agmarl_common import subjects
 from agmarl_common.bus import Bus
 from agmarl_common.cluster.filters import violations
 from agmarl_common.cluster.model import state_from_dict
+from agmarl_common.cluster.specs import AGMARL_BATCH_SCHEDULER, AGMARL_SCHEDULER
 from agmarl_common.kubeconvert import node_from_k8s, pod_from_k8s
+from agmarl_common.service import ServiceRuntime
 from agmarl_common.testing import wait_healthy
 from agmarl_common.testing_k8s import StandInApiServer, node_json, pod_json
 from agmarl_state_collector.k8ssource import Backoff, KubernetesSource, WatchConfig
+from agmarl_state_collector.k8sapp import KubernetesCollectorApp
+from agmarl_state_collector.settings import CollectorSettings
 
 FAST = WatchConfig(timeout_seconds=5, request_timeout=3.0, backoff_base=0.1, backoff_max=0.8, queue_size=16)
 
@@ -42,7 +46,7 @@ def seeded_standin(gone_as_event: bool = False) -> StandInApiServer:
     s.add_node(node_json("n2", cpu="8", memory="16Gi", gpus=2))
     s.add_pod(pod_json("web", node_name="n1", phase="Running", cpu="1", memory="1Gi"))
     s.add_pod(pod_json("done", node_name="n2", phase="Succeeded", cpu="2"))
-    s.add_pod(pod_json("train", namespace="ml", scheduler_name="agmarl-scheduler", cpu="2", gpus=1))
+    s.add_pod(pod_json("train", namespace="ml", scheduler_name=AGMARL_BATCH_SCHEDULER, cpu="2", gpus=1))
     s.add_pod(pod_json("plain", cpu="250m"))
     return s
 
@@ -93,7 +97,7 @@ async def test_initial_list_builds_the_state(watched):
     assert cpu_used(source) == {"n1": 1000, "n2": 0}  # the Succeeded pod frees its resources
     assert [p.key for p in cache.pending_pods()] == ["default/plain", "ml/train"]
     train = cache.pending["ml/train"]
-    assert (train.scheduler_name, train.num_gpu, train.cpu_milli) == ("agmarl-scheduler", 1, 2000)
+    assert (train.scheduler_name, train.num_gpu, train.cpu_milli) == (AGMARL_BATCH_SCHEDULER, 1, 2000)
     assert cache.resource_versions == {"nodes": str(standin.rv), "pods": str(standin.rv)}
     assert {(c.type, c.pod_key or c.node) for c in seen} >= {("node_added", "n1"), ("pod_bound", "default/web"),
                                                               ("pod_added", "ml/train")}
@@ -190,8 +194,11 @@ async def test_dropped_connection_reconnects_with_backoff(watched):
 
 
 async def test_service_publishes_pending_batch_pods_from_the_standin(nats_url, tmp_path, service_processes):
-    """state-collector as a process, AGMARL_SOURCE=kubernetes, AGMARL_KUBECONFIG -> the stand-in."""
+    """state-collector as a process, AGMARL_SOURCE=kubernetes, AGMARL_KUBECONFIG -> the stand-in,
+    AGMARL_BATCH_SCHEDULER_NAME -> the batch scheduler: only its pods are announced, never those of
+    agmarl-scheduler (kube-scheduler with the extender decides them) nor of default-scheduler."""
     standin = seeded_standin()
+    standin.add_pod(pod_json("extended", scheduler_name=AGMARL_SCHEDULER, cpu="1"))
     kubeconfig = standin.write_kubeconfig(tmp_path / "kubeconfig")
     cluster = f"k{int(time.time() * 1000) % 10**8}"
     bus = await Bus.connect(nats_url, "test-k8s-collector")
@@ -209,19 +216,36 @@ async def test_service_publishes_pending_batch_pods_from_the_standin(nats_url, t
     proc = service_processes("agmarl_state_collector", env={
         "NATS_URL": nats_url, "AGMARL_CLUSTER": cluster, "AGMARL_SOURCE": "kubernetes",
         "AGMARL_KUBECONFIG": str(kubeconfig), "AGMARL_SNAPSHOT_MIN_INTERVAL": "0.1",
+        "AGMARL_BATCH_SCHEDULER_NAME": AGMARL_BATCH_SCHEDULER, "AGMARL_PENDING_RETRY_SECONDS": "0.2",
+        "AGMARL_SNAPSHOT_RESYNC_SECONDS": "0.2",
         "AGMARL_WATCH_TIMEOUT_SECONDS": "5", "AGMARL_TRACE_DIR": str(tmp_path)})
     try:
         await wait_healthy(bus, "state-collector", timeout=15.0, proc=proc)
         assert await until(lambda: pending and snapshots, timeout=5.0), proc.output()[-2000:]
-        assert {p.pod["name"] for p in pending} == {"train"}  # not the default-scheduler pod
-        assert pending[0].pod["scheduler_name"] == "agmarl-scheduler"
-        standin.add_pod(pod_json("train2", scheduler_name="agmarl-scheduler", cpu="1"))
+        assert pending[0].pod["scheduler_name"] == AGMARL_BATCH_SCHEDULER
+        standin.add_pod(pod_json("train2", scheduler_name=AGMARL_BATCH_SCHEDULER, cpu="1"))
         assert await until(lambda: "train2" in {p.pod["name"] for p in pending}, timeout=5.0)
-        assert await until(lambda: len(snapshots[-1].pending) == 3, timeout=5.0)
+        # re-announced every 0.2 s while pending: several rounds, and never a pod of another scheduler
+        assert await until(lambda: sum(p.pod["name"] == "train2" for p in pending) >= 3, timeout=5.0)
+        assert {p.pod["name"] for p in pending} == {"train", "train2"}
+        assert await until(lambda: len(snapshots[-1].pending) == 4, timeout=5.0)
         last = snapshots[-1]
         assert [n.name for n in state_from_dict(last.state).nodes] == ["n1", "n2"]  # compact form, decoded
-        assert last.stats["bound"] == 1.0 and last.stats["pending"] == 3.0
+        assert last.stats["bound"] == 1.0 and last.stats["pending"] == 4.0
         assert proc.stop() == 0
     finally:
         await bus.close()
         standin.stop()
+
+
+async def test_only_the_batch_schedulers_pods_are_announced(watched):
+    """Off by default (no batch scheduler): no pod reaches the NATS loop; with one, only its pods --
+    never agmarl-scheduler's, which kube-scheduler with the extender decides."""
+    standin, source, _ = watched
+    standin.add_pod(pod_json("extended", scheduler_name=AGMARL_SCHEDULER, cpu="1"))
+    assert await until(lambda: "default/extended" in source.cache.pending)
+    for name, expected in (("", []), (AGMARL_BATCH_SCHEDULER, ["ml/train"])):
+        settings = CollectorSettings(source="kubernetes", batch_scheduler_name=name)
+        app = KubernetesCollectorApp(ServiceRuntime("state-collector", settings), settings, source)
+        assert [p.key for p in app.batch_pending()] == expected
+    assert CollectorSettings().batch_scheduler_name == ""

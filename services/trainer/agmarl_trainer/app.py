@@ -123,7 +123,7 @@ class TrainerApp:
         self.requests = Counter("agmarl_trainer_requests_total", "Train requests received", ["status"],
                                 registry=rt.registry)
         self.buffer = ExperienceBuffer(settings.experience_buffer, self.work_dir / "experience.jsonl",
-                                       max_bytes=settings.experience_max_bytes)
+                                       max_bytes=settings.experience_buffer_bytes)
         self.experience_total = Counter("agmarl_trainer_experience_total", "Experience transitions received",
                                         registry=rt.registry)
         latest = self.work_dir / "latest_published"

@@ -21,7 +21,8 @@ ZONE_LABEL = "topology.kubernetes.io/zone"
 RACK_LABEL = "topology.agmarl.io/rack"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 DEFAULT_SCHEDULER = "default-scheduler"
-AGMARL_SCHEDULER = "agmarl-scheduler"
+AGMARL_SCHEDULER = "agmarl-scheduler"  # kube-scheduler with the extender (deploy/k8s extender overlays)
+AGMARL_BATCH_SCHEDULER = "agmarl-batch-scheduler"  # the batch scheduler (inference batch mode, overlay batch)
 
 
 @dataclass(frozen=True, slots=True)
