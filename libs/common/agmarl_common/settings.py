@@ -44,17 +44,17 @@ class CommonSettings(BaseModel):
     max_message_bytes: int = MAX_MESSAGE_BYTES  # largest message decoded; snapshots above it are sent in chunks
     log_level: LogLevel = "INFO"  # level of the agmarl loggers (case-insensitive)
     parent_pid: int = 0  # when set (by `agmarl up`), the service stops itself if that process goes away
-
-    @field_validator("log_level", mode="before")
-    @classmethod
-    def _upper_log_level(cls, value: Any) -> Any:
-        return value.upper() if isinstance(value, str) else value
     # NATS identity (docs/security.md): this service's nkey seed file, written by `agmarl up` or
     # `agmarl nats-creds`, mounted from a Secret in Kubernetes; None = connect anonymously
     nats_nkey_seed_file: str | None = None
     nats_tls_ca_file: str | None = None  # CA that signed the server's certificate (TLS on when set)
     nats_tls_cert_file: str | None = None  # client certificate and key, for a server that verifies clients
     nats_tls_key_file: str | None = None
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_log_level(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
 
 
 class ModelInputSettings(CommonSettings):
@@ -88,7 +88,6 @@ class KubeSettings(BaseModel):
                              "(deploy/k8s overlays): its pods are decided by kube-scheduler; name the batch "
                              "scheduler differently (e.g. agmarl-batch-scheduler)")
         return value
-
 
 
 def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
