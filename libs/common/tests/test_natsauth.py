@@ -4,6 +4,8 @@ from __future__ import annotations
 import asyncio
 import socket
 import stat
+import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import nats
@@ -260,3 +262,51 @@ def test_security_doc_shows_the_generated_permissions():
     doc = (Path(__file__).resolve().parents[3] / "docs" / "security.md").read_text(encoding="utf-8")
     assert "<!-- permissions:begin" in doc
     assert permissions.render_markdown() in doc, "docs/security.md: run `python tools/gen_proto.py`"
+
+
+async def test_only_the_producer_updates_a_stream_and_the_others_start_anyway(secure, caplog):
+    server, creds = secure
+    producer = await Bus.connect(server.url, "reward-calculator", auth=auth(creds, "reward-calculator"))
+    other = await Bus.connect(server.url, "inference", auth=auth(creds, "inference"))
+    changed = replace(subjects.EXPERIENCE, duplicate_window=subjects.EXPERIENCE.duplicate_window + 60.0)
+    try:
+        await producer.ensure_stream(subjects.EXPERIENCE)
+        await other.ensure_stream(subjects.EXPERIENCE)  # as specified already: no update needed
+        info = await other.ensure_stream(changed)  # refused (a timeout), logged, the stream stays as it was
+        assert info.config.duplicate_window == subjects.EXPERIENCE.duplicate_window
+        assert "may not update it" in caplog.text
+        info = await producer.ensure_stream(changed)
+        assert info.config.duplicate_window == changed.duplicate_window
+    finally:
+        await producer.ensure_stream(subjects.EXPERIENCE)
+        await other.close()
+        await producer.close()
+
+
+def make_tls(d: Path) -> None:
+    """A CA and a certificate for 127.0.0.1 it signed, made by the openssl command line."""
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=test-ca",
+            "-keyout", f"{d}/ca.key", "-out", f"{d}/ca.crt")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=nats", "-keyout", f"{d}/tls.key", "-out", f"{d}/tls.csr")
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", f"{d}/tls.csr", "-CA", f"{d}/ca.crt", "-CAkey", f"{d}/ca.key", "-CAcreateserial",
+            "-days", "1", "-extfile", f"{d}/san.ext", "-out", f"{d}/tls.crt")
+
+
+async def test_embedded_server_with_tls_and_identities(tmp_path):
+    make_tls(tmp_path)
+    creds = ensure_credentials(tmp_path / "creds")
+    server = NatsServer(store_dir=tmp_path / "store", auth_config=creds.auth_config,
+                        tls_cert_file=str(tmp_path / "tls.crt"), tls_key_file=str(tmp_path / "tls.key"))
+    with server:
+        assert server.url.startswith("tls://")
+        a = NatsAuth(seed_file=str(creds.seed("trainer")), identity="trainer", tls_ca_file=str(tmp_path / "ca.crt"))
+        bus = await Bus.connect(server.url, "trainer", auth=a)
+        try:
+            assert bus.nc.connected_url.scheme == "tls"
+            await bus.publish(subjects.train_status(), b"")  # its own subject: allowed
+            await bus.flush()
+        finally:
+            await bus.close()
