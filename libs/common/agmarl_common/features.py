@@ -25,9 +25,10 @@ cluster holds ~100,000 bound pods) and keeps node rows independent of each other
 
 Pure numpy: no torch. ``FeatureContext`` carries the target workload and memoised per-node results
 (derived data only: outputs depend on the arguments alone). ``build_graph`` computes the pairs of all
-pods at once (``pair_features_batch``; ``pair_features`` is one pod's slice of it). The pair rows and
-the placement fragmentation they read live in ``agmarl_common.features_pairs``, the node rows in
-``features_nodes``, the edges in ``features_edges`` (all re-exported here).
+pods at once (``pair_features_batch``; ``pair_features`` is one pod's slice of it). What the pair rows
+read (placement fragmentation, the ``reward_gain`` column, the row scales) lives in
+``agmarl_common.features_pairs``, the node rows in ``features_nodes``, the edges in ``features_edges`` (all
+re-exported here); none of them imports this module.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from agmarl_common.features_edges import POD_HALF, RACK_HALF, ZONE_HALF, node_ed
 from agmarl_common.features_nodes import node_feature_rows, node_order_keys  # noqa: F401  (re-exported)
 from agmarl_common.features_pairs import (  # noqa: F401  (pair inputs: re-exported, part of this module's API)
     CPU_SCALE, EDGE_FEATURES, F_EDGE, FRAG_SCALE, GPU_SCALE, MEM_SCALE, OBJECTIVES, check_objective, current_memos,
-    gpu_left, objective_gains, pair_features, pair_features_batch, placement_frag, placement_frag_many, shape_jobs)
+    gpu_left, objective_gains, placement_frag, placement_frag_many, shape_jobs)
 from agmarl_common.sim.fragmentation import TargetWorkload, pod_shape, target_workload
 
 NODE_FEATURES = (
@@ -226,7 +227,7 @@ class FeatureContext:
 
 
 # ---------------------------------------------------------------------------------------------
-# Pods (pair rows: ``features_pairs``)
+# Pods and candidate pairs (the pair inputs: ``features_pairs``)
 
 
 def pod_features(pods: Sequence[Pod], context: FeatureContext) -> np.ndarray:
@@ -271,6 +272,67 @@ def identical_pods(pods: Sequence[Pod], candidates: Sequence[np.ndarray],
             reps.append(k)
         group[k] = first[key]
     return reps, group
+
+
+def pair_features(pod: Pod, state: ClusterState, cand: np.ndarray,
+                  context: FeatureContext) -> tuple[np.ndarray, np.ndarray]:
+    """((E, F_EDGE) float32 features, (E,) device) of placing ``pod`` on each node of ``cand``: its slice
+    of ``pair_features_batch``."""
+    return pair_features_batch([pod], state, [np.asarray(cand, dtype=np.int64)], context)
+
+
+def pair_features_batch(pods: Sequence[Pod], state: ClusterState, candidates: Sequence[np.ndarray],
+                        context: FeatureContext) -> tuple[np.ndarray, np.ndarray]:
+    """((E, F_EDGE) float32 features, (E,) device) of placing every pod on each of its candidates,
+    concatenated pod-major, computed over all pairs at once (per-node terms once per node, fragmentation
+    memo updates once per pod shape). ``candidates[k]`` must be int64 node indexes in range."""
+    if len(candidates) != len(pods):
+        raise ValueError(f"pair_features_batch: {len(pods)} pods but {len(candidates)} candidate arrays")
+    sizes = np.array([len(c) for c in candidates], np.int64)
+    idx = np.concatenate(candidates).astype(np.int64, copy=False) if len(candidates) else np.zeros(0, np.int64)
+    e = idx.size
+    if e == 0:
+        return np.zeros((0, F_EDGE), np.float32), np.zeros(0, np.int64)
+    pod_of = np.repeat(np.arange(len(pods)), sizes)
+    delta, after, dev = context.frag_after_batch(pods, state, idx, pod_of)
+    # per pod (P,): the request
+    milli_p = np.array([p.gpu_milli if p.num_gpu > 0 else 0 for p in pods])
+    num_p = np.array([p.num_gpu for p in pods])
+    req_p = num_p * milli_p
+    milli, gpu_req = milli_p[pod_of], req_p[pod_of]
+    pcpu = np.array([p.cpu_milli for p in pods])[pod_of]
+    # per node: usage terms kept current by the context (exact integers)
+    t = context.pair_terms(state)
+    cpu_free = t["cpu_free"][idx]
+    cpu_after = cpu_free - pcpu
+    mem_after = t["mem_free"][idx] - np.array([p.memory_mib for p in pods])[pod_of]
+    gcap = t["gpu_cap"][idx]
+    gpu_after = t["gpu_idle"][idx] - gpu_req
+    dev_left = np.where(dev >= 0, t["gpu_left"][idx, np.maximum(dev, 0)] - milli, 0) / GPU_MILLI
+    whole_after = t["whole_free"][idx] - np.where(milli_p >= GPU_MILLI, num_p, 0)[pod_of]
+    has_gpu = gcap > 0
+    frag = delta / FRAG_SCALE
+    cols = [
+        cpu_after / t["cpu_cap"][idx],
+        mem_after / t["mem_cap"][idx],
+        gpu_after / GPU_SCALE,
+        np.divide(gpu_after, gcap, out=np.zeros(e), where=has_gpu),
+        np.clip(frag, -8.0, 8.0),
+        1.0 / (1.0 + np.exp(frag)),
+        after / GPU_SCALE,
+        dev_left,
+        np.where(t["gpu_count"][idx] > 0, whole_after, 0) / MAX_GPUS,
+        np.divide(pcpu, cpu_free, out=np.zeros(e), where=cpu_free > 0),
+        0.5 * cpu_after / CPU_SCALE + 0.5 * gpu_after / GPU_SCALE,
+        t["empty"][idx],  # bools: 0.0 / 1.0 exactly
+        has_gpu & (gpu_after <= 0) & (gpu_req > 0),
+        np.divide(gpu_req, gcap, out=np.zeros(e), where=has_gpu),
+        objective_gains(pods, state, candidates, context.objective, context.scheme),
+    ]
+    out = np.empty((e, F_EDGE), np.float32)  # float64 values rounded once, as .astype(np.float32) does
+    for j, col in enumerate(cols):
+        out[:, j] = col
+    return out, dev
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,23 +4,20 @@
 GPU share, the device leaving the least); ``placement_frag`` is the same for one shape, written plainly
 (the reference the batched form is tested against). ``FeatureContext`` (``agmarl_common.features``)
 memoises them per pod shape and node usage through ``shape_jobs`` and ``current_memos``.
-``pair_features_batch`` builds the ``cand_attr`` rows (``EDGE_FEATURES``) of all pods at once,
-``pair_features`` one pod's. The row scales shared by node, pod and pair rows live here too. Pure numpy;
-every public name is re-exported by ``agmarl_common.features``.
+``objective_gains`` is the ``reward_gain`` column. ``features.pair_features_batch`` builds the ``cand_attr``
+rows (``EDGE_FEATURES``) from these. The row scales shared by node, pod and pair rows live here too. Pure
+numpy; every public name is re-exported by ``agmarl_common.features``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from agmarl_common.cluster.model import GPU_MILLI, MAX_GPUS, ClusterState, Pod
 from agmarl_common.policies.rewardaware import RewardAwareConfig, RewardAwarePolicy
 from agmarl_common.sim.fragmentation import TargetWorkload, node_frag_amount, pod_shape
-
-if TYPE_CHECKING:
-    from agmarl_common.features import FeatureContext
 
 EDGE_FEATURES = ("cpu_left", "mem_left", "gpu_left", "gpu_left_frac", "frag_delta", "fgd_score", "frag_after",
                  "dev_left", "whole_left", "cpu_tight", "bestfit_left", "opens_node", "fills_gpus", "gpu_share",
@@ -195,64 +192,3 @@ def objective_gains(pods: Sequence[Pod], state: ClusterState, candidates: Sequen
         spread = float(s.max() - s.min()) if s.size else 0.0
         cols.append((s - s.max()) / spread if spread > 1e-12 else np.zeros(s.size))
     return np.concatenate(cols) if cols else np.zeros(0)
-
-
-def pair_features(pod: Pod, state: ClusterState, cand: np.ndarray,
-                  context: FeatureContext) -> tuple[np.ndarray, np.ndarray]:
-    """((E, F_EDGE) float32 features, (E,) device) of placing ``pod`` on each node of ``cand``: its slice
-    of ``pair_features_batch``."""
-    return pair_features_batch([pod], state, [np.asarray(cand, dtype=np.int64)], context)
-
-
-def pair_features_batch(pods: Sequence[Pod], state: ClusterState, candidates: Sequence[np.ndarray],
-                        context: FeatureContext) -> tuple[np.ndarray, np.ndarray]:
-    """((E, F_EDGE) float32 features, (E,) device) of placing every pod on each of its candidates,
-    concatenated pod-major, computed over all pairs at once (per-node terms once per node, fragmentation
-    memo updates once per pod shape). ``candidates[k]`` must be int64 node indexes in range."""
-    if len(candidates) != len(pods):
-        raise ValueError(f"pair_features_batch: {len(pods)} pods but {len(candidates)} candidate arrays")
-    sizes = np.array([len(c) for c in candidates], np.int64)
-    idx = np.concatenate(candidates).astype(np.int64, copy=False) if len(candidates) else np.zeros(0, np.int64)
-    e = idx.size
-    if e == 0:
-        return np.zeros((0, F_EDGE), np.float32), np.zeros(0, np.int64)
-    pod_of = np.repeat(np.arange(len(pods)), sizes)
-    delta, after, dev = context.frag_after_batch(pods, state, idx, pod_of)
-    # per pod (P,): the request
-    milli_p = np.array([p.gpu_milli if p.num_gpu > 0 else 0 for p in pods])
-    num_p = np.array([p.num_gpu for p in pods])
-    req_p = num_p * milli_p
-    milli, gpu_req = milli_p[pod_of], req_p[pod_of]
-    pcpu = np.array([p.cpu_milli for p in pods])[pod_of]
-    # per node: usage terms kept current by the context (exact integers)
-    t = context.pair_terms(state)
-    cpu_free = t["cpu_free"][idx]
-    cpu_after = cpu_free - pcpu
-    mem_after = t["mem_free"][idx] - np.array([p.memory_mib for p in pods])[pod_of]
-    gcap = t["gpu_cap"][idx]
-    gpu_after = t["gpu_idle"][idx] - gpu_req
-    dev_left = np.where(dev >= 0, t["gpu_left"][idx, np.maximum(dev, 0)] - milli, 0) / GPU_MILLI
-    whole_after = t["whole_free"][idx] - np.where(milli_p >= GPU_MILLI, num_p, 0)[pod_of]
-    has_gpu = gcap > 0
-    frag = delta / FRAG_SCALE
-    cols = [
-        cpu_after / t["cpu_cap"][idx],
-        mem_after / t["mem_cap"][idx],
-        gpu_after / GPU_SCALE,
-        np.divide(gpu_after, gcap, out=np.zeros(e), where=has_gpu),
-        np.clip(frag, -8.0, 8.0),
-        1.0 / (1.0 + np.exp(frag)),
-        after / GPU_SCALE,
-        dev_left,
-        np.where(t["gpu_count"][idx] > 0, whole_after, 0) / MAX_GPUS,
-        np.divide(pcpu, cpu_free, out=np.zeros(e), where=cpu_free > 0),
-        0.5 * cpu_after / CPU_SCALE + 0.5 * gpu_after / GPU_SCALE,
-        t["empty"][idx],  # bools: 0.0 / 1.0 exactly
-        has_gpu & (gpu_after <= 0) & (gpu_req > 0),
-        np.divide(gpu_req, gcap, out=np.zeros(e), where=has_gpu),
-        objective_gains(pods, state, candidates, context.objective, context.scheme),
-    ]
-    out = np.empty((e, F_EDGE), np.float32)  # float64 values rounded once, as .astype(np.float32) does
-    for j, col in enumerate(cols):
-        out[:, j] = col
-    return out, dev

@@ -255,7 +255,7 @@ def setup_extender(rt: ServiceRuntime, source: PolicySource, settings: Inference
     async def publish(decision: m.Decision) -> None:
         await rt.publish(decision_subject(decision), decision, js=True, msg_id=decision.decision_id)
 
-    publisher = DecisionPublisher(publish, metrics, rt.tracer, connected)
+    publisher = DecisionPublisher(publish, metrics.dropped, rt.tracer, connected)
     if binder is None:
         try:
             binder = load_binder(settings.kubeconfig, settings.kube_context)

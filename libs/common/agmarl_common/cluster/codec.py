@@ -118,15 +118,8 @@ def state_to_dict(state: ClusterState) -> dict[str, Any]:
 
 
 def state_from_dict(data: Mapping[str, Any]) -> ClusterState:
-    """Inverse of ``state_to_dict``; also decodes the compact forms of ``cluster.compact`` (a ``"format"`` key):
-    a compact snapshot exactly, a compact experience state without pod identity (its pending pods dropped)."""
-    if "format" in data:
-        from agmarl_common.cluster import compact  # compact builds on this module
-        if compact.is_snapshot(data):
-            return compact.state_from_snapshot(data)
-        if compact.is_compact(data):
-            return compact.state_from_compact(data)[0]
-        raise ValueError(f"unknown cluster state format {data['format']!r}")
+    """Inverse of ``state_to_dict``. ``model.state_from_dict`` (``compact.state_from_dict``) also decodes the
+    compact forms built on this module."""
     nodes = tuple(node_from_dict(n) for n in data["nodes"])
     bound = [tuple(pod_from_dict(p) for p in pods) for pods in data.get("bound", [[] for _ in nodes])]
     return state_with_bound(nodes, bound)

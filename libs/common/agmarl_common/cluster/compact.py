@@ -29,7 +29,8 @@ Bound pods are listed node by node; the per-pod columns hold what differs betwee
 A column whose values are all the default is left out (``node_name``: the pod's node). A UUID ``uid``
 travels as its 16 bytes, integral times as integers, ascending GPU devices as a bit mask. Decoding is
 exact: ``state_from_snapshot(compact_snapshot(s))`` equals ``state_from_dict(state_to_dict(s))`` field
-by field, and ``model.state_from_dict`` decodes both compact forms (it dispatches on ``"format"``).
+by field, and ``state_from_dict`` here (``model.state_from_dict``) decodes the full form and both compact
+forms (it dispatches on ``"format"``).
 Pure: plain dicts in, plain dicts out.
 """
 
@@ -40,8 +41,10 @@ import uuid
 from dataclasses import MISSING, fields, replace
 from typing import Any, Mapping, Sequence
 
-from agmarl_common.cluster.model import MAX_GPUS, ClusterState, Node, Pod, node_from_dict, \
-    pod_from_dict, state_to_dict, state_with_bound, to_dict
+from agmarl_common.cluster import codec
+from agmarl_common.cluster.codec import node_from_dict, pod_from_dict, state_to_dict, to_dict
+from agmarl_common.cluster.specs import MAX_GPUS, Node, Pod
+from agmarl_common.cluster.state import ClusterState, state_with_bound
 
 FORMAT = "agmarl.compact/1"
 SNAPSHOT_FORMAT = "agmarl.snapshot/1"
@@ -359,3 +362,15 @@ def _compact_of_snapshot(data: Mapping[str, Any], pending: Sequence[Mapping[str,
     waiting = [templates.of(p) for p in pending if not without or pod_key_of(p) != without]
     return {"format": FORMAT, "nodes": data["nodes"], "templates": templates.items, "bound": bound,
             "pending": waiting}
+
+
+def state_from_dict(data: Mapping[str, Any]) -> ClusterState:
+    """The ``ClusterState`` of any wire form (``model.state_from_dict``): ``state_to_dict`` output (``codec``),
+    a compact snapshot exactly, a compact experience state without pod identity (its pending pods dropped)."""
+    if "format" not in data:
+        return codec.state_from_dict(data)
+    if is_snapshot(data):
+        return state_from_snapshot(data)
+    if is_compact(data):
+        return state_from_compact(data)[0]
+    raise ValueError(f"unknown cluster state format {data['format']!r}")

@@ -13,8 +13,9 @@ GPU semantics follow the Alibaba openb trace and the FGD paper (USENIX ATC'23):
 This module is the one import path for the model; the code lives in
 - ``specs.py``: constants and the Node / Pod dataclasses with their constraint types;
 - ``state.py``: ``ClusterState``, ``choose_gpus``, ``bind`` / ``unbind`` / ``unbind_at``, ``state_with_bound``;
-- ``podindex.py``: ``PodIndex`` (bound pods by labels and anti-affinity term) and ``pod_index``;
-- ``codec.py``: plain-dict conversion (``to_dict`` / ``from_dict`` and the node/pod/state helpers).
+- ``podindex.py``: ``PodIndex`` (bound pods by labels and anti-affinity term); ``pod_index`` is in ``state.py``;
+- ``codec.py``: plain-dict conversion (``to_dict`` / ``from_dict`` and the node/pod/state helpers);
+- ``compact.py``: the compact wire forms; its ``state_from_dict`` decodes every form.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ from agmarl_common.cluster.codec import (
     from_dict,
     node_from_dict,
     pod_from_dict,
-    state_from_dict,
     state_to_dict,
     to_dict,
 )
-from agmarl_common.cluster.podindex import PodIndex, labels_key, pod_index, term_key
+from agmarl_common.cluster.compact import state_from_dict
+from agmarl_common.cluster.podindex import PodIndex, labels_key, term_key
 from agmarl_common.cluster.specs import (
     AGMARL_SCHEDULER,
     DEFAULT_SCHEDULER,
@@ -48,7 +49,15 @@ from agmarl_common.cluster.specs import (
     TopologySpreadConstraint,
     WeightedPodAffinityTerm,
 )
-from agmarl_common.cluster.state import ClusterState, bind, choose_gpus, state_with_bound, unbind, unbind_at
+from agmarl_common.cluster.state import (
+    ClusterState,
+    bind,
+    choose_gpus,
+    pod_index,
+    state_with_bound,
+    unbind,
+    unbind_at,
+)
 
 __all__ = [
     "AGMARL_SCHEDULER", "DEFAULT_SCHEDULER", "GPU_MILLI", "HOSTNAME_LABEL", "MAX_GPUS", "RACK_LABEL", "ZONE_LABEL",

@@ -1,20 +1,18 @@
 """Index of bound pods by labels and by required anti-affinity term, for the hard filter.
 
-``ClusterState`` (state.py) carries a ``PodIndex`` that bind/unbind keep current; ``pod_index``
-returns it, rebuilding it on demand. Import these through ``agmarl_common.cluster.model``.
+``ClusterState`` (state.py) carries a ``PodIndex`` that bind/unbind keep current; ``state.pod_index``
+returns it, rebuilding it on demand. This module knows nodes and pods only, not the state. Import these
+through ``agmarl_common.cluster.model``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 import numpy as np
 
 from agmarl_common.cluster.specs import LS_QOS, Node, Pod, PodAffinityTerm
-
-if TYPE_CHECKING:
-    from agmarl_common.cluster.state import ClusterState
 
 
 def labels_key(labels: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
@@ -162,24 +160,3 @@ def _bumped(counts: np.ndarray | None, n: int, i: int, delta: int, keep_zero: bo
     out[i] += delta
     out.flags.writeable = False  # shared by later indexes
     return out if keep_zero or out.any() else None
-
-
-def pod_index(state: ClusterState) -> PodIndex:
-    """The state's ``PodIndex``, built (once per state object) when it is absent or describes other tuples."""
-    idx = state.pods_by_label
-    if idx is not None and idx.bound is state.bound and idx.nodes is state.nodes:
-        return idx
-    if idx is not None and idx.bound is state.bound:
-        idx = replace(idx, nodes=state.nodes, node_cache={})
-    else:
-        idx = PodIndex.build(state.nodes, state.bound)
-    object.__setattr__(state, "pods_by_label", idx)  # memo of derived data: the state's value is unchanged
-    return idx
-
-
-def _next_index(state: ClusterState, i: int, pod: Pod, bound: tuple, delta: int) -> PodIndex | None:
-    """The index after a bind/unbind when the state's index is current, else None (rebuilt on demand)."""
-    idx = state.pods_by_label
-    if idx is None or idx.bound is not state.bound or len(bound) != len(state.bound):
-        return None
-    return idx._change(i, pod, bound, state.nodes, delta)

@@ -1,6 +1,6 @@
 """Cluster usage: ``ClusterState`` (nodes, bound pods, numpy usage/capacity arrays), the default GPU
-device choice, and ``bind`` / ``unbind`` returning new states. Import these through
-``agmarl_common.cluster.model``.
+device choice, ``bind`` / ``unbind`` returning new states, and ``pod_index`` (the state's ``PodIndex``).
+Import these through ``agmarl_common.cluster.model``.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from agmarl_common.cluster.podindex import PodIndex, _next_index
+from agmarl_common.cluster.podindex import PodIndex
 from agmarl_common.cluster.specs import GPU_MILLI, MAX_GPUS, Node, Pod
 
 
@@ -204,3 +204,24 @@ def state_with_bound(nodes: Sequence[Node], bound: Sequence[Sequence[Pod]]) -> C
                 gpu[i, j] += p.gpu_milli if p.is_gpu_share else GPU_MILLI
     return replace(state, cpu_used=cpu, mem_used=mem, pods_used=cnt, eph_used=eph, gpu_used=gpu,
                    bound=tuple(tuple(pods) for pods in bound), affinity_pods=aff, pods_by_label=None)
+
+
+def pod_index(state: ClusterState) -> PodIndex:
+    """The state's ``PodIndex``, built (once per state object) when it is absent or describes other tuples."""
+    idx = state.pods_by_label
+    if idx is not None and idx.bound is state.bound and idx.nodes is state.nodes:
+        return idx
+    if idx is not None and idx.bound is state.bound:
+        idx = replace(idx, nodes=state.nodes, node_cache={})
+    else:
+        idx = PodIndex.build(state.nodes, state.bound)
+    object.__setattr__(state, "pods_by_label", idx)  # memo of derived data: the state's value is unchanged
+    return idx
+
+
+def _next_index(state: ClusterState, i: int, pod: Pod, bound: tuple, delta: int) -> PodIndex | None:
+    """The index after a bind/unbind when the state's index is current, else None (rebuilt on demand)."""
+    idx = state.pods_by_label
+    if idx is None or idx.bound is not state.bound or len(bound) != len(state.bound):
+        return None
+    return (idx.add if delta > 0 else idx.remove)(i, pod, bound, state.nodes)

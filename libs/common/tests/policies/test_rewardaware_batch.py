@@ -11,7 +11,7 @@ import pytest
 
 from agmarl_common.cluster.filters import feasible_nodes
 from agmarl_common.policies.registry import get_policy
-from agmarl_common.policies.rewardaware import RewardAwareConfig, RewardAwarePolicy
+from agmarl_common.policies.rewardaware import RewardAwareConfig, RewardAwarePolicy, reward_gains_batch
 from agmarl_common.reward import IO_HEAVY_LABEL, NETWORK_HEAVY_LABEL, SCHEMES
 from agmarl_common.sim import dynamic, synthetic
 
@@ -57,8 +57,6 @@ def test_score_batch_equals_score_pod_by_pod(busy_state, scheme):
 
 
 def test_the_busy_state_exercises_every_gain(busy_state):
-    from agmarl_common.policies.rewardaware_batch import reward_gains_batch
-
     cluster, pods = busy_state
     gains = reward_gains_batch(pods, cluster, [feasible_nodes(p, cluster) for p in pods])
     assert all(np.abs(g).max() > 0 for g in gains.values()), {k: float(np.abs(g).max()) for k, g in gains.items()}
