@@ -49,7 +49,7 @@ class CommonSettings(BaseModel):
     nats_nkey_seed_file: str | None = None
     nats_tls_ca_file: str | None = None  # CA that signed the server's certificate (TLS on when set)
     nats_tls_cert_file: str | None = None  # client certificate and key, for a server that verifies clients
-    nats_tls_key_file: str | None = None
+    nats_tls_key_file: str | None = None  # the client certificate's private key (PEM)
 
     @field_validator("log_level", mode="before")
     @classmethod
