@@ -11,7 +11,7 @@ from agmarl_common import messages, subjects
 ROOT = Path(__file__).resolve().parents[1]
 SERVICES = ("state-collector", "graph-builder", "inference", "reward-calculator", "adaptive-engine", "trainer")
 # subject helper -> catalogue kind (helpers are named after their kind, wildcards aside)
-HELPER_KIND = {"decision_wildcard": "decision", "pending": "pending_pod"}
+HELPER_KIND = {"decision_wildcard": "decision", "pending": "pending_pod", "graph": "graph_update"}
 
 
 def handled(service: str) -> set[tuple[str, str]]:

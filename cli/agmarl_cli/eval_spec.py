@@ -13,13 +13,13 @@ from pathlib import Path
 from agmarl_common.cluster.model import Node, Pod
 from agmarl_common.policies.base import Policy
 from agmarl_common.policies.registry import MODEL_PREFIX  # noqa: F401  (re-exported by agmarl_cli.evaluate)
-from agmarl_common.sim import synthetic, traces
+from agmarl_common.sim import catalog, synthetic, traces
+from agmarl_common.sim.catalog import SYNTHETIC_CLUSTER_SEED  # noqa: F401  (re-exported)
 
 PROTOCOLS = ("inflation", "dynamic")
 MAX_SEEDS = 1000
 INFLATION_CURVES = ("allocation", "frag", "frag_ratio")
 DYNAMIC_SERIES = ("util_cpu", "util_mem", "util_gpu", "pending", "reward")
-SYNTHETIC_CLUSTER_SEED = 0  # the synthetic cluster is the fixed setting; the seed varies the workload
 
 
 class EvalError(ValueError):
@@ -93,13 +93,10 @@ def parse_policies(text: str) -> list[str]:
 
 
 def _openb_workload_path(ref: str) -> Path:
-    if ref.endswith(".csv") or "/" in ref:
-        return Path(ref)
-    known = traces.available_workloads()
-    if ref not in known:
-        raise EvalError(f"unknown workload 'openb:{ref}'; known openb workloads: {', '.join(known) or 'none'}"
-                        " (or openb:<csv path>)")
-    return traces.openb_pod_path(ref)
+    try:
+        return catalog.openb_workload_path(ref)
+    except ValueError as exc:
+        raise EvalError(str(exc)) from None
 
 
 def check_spec(spec: EvalSpec) -> None:
@@ -135,21 +132,17 @@ def _openb_pods(path: str) -> tuple[Pod, ...]:
 
 @lru_cache(maxsize=8)
 def _nodes(ref: str) -> tuple[Node, ...]:
-    if ref in ("openb", "openb:gpu"):
-        return traces.load_openb_nodes(traces.openb_node_path(traces.GPU_NODES))
-    if ref == "openb:all":
-        return traces.load_openb_nodes(traces.openb_node_path(traces.ALL_NODES))
     if ref.startswith("synthetic:"):
-        n = ref.removeprefix("synthetic:")
-        if not n.isdigit() or not 1 <= int(n) <= 100_000:
-            raise EvalError(f"bad node spec {ref!r}: synthetic:<n> with 1 <= n <= 100000")
-        return tuple(synthetic.synthetic_cluster(int(n), seed=SYNTHETIC_CLUSTER_SEED))
-    return traces.load_openb_nodes(ref)
+        try:
+            return catalog.cluster_nodes(ref)
+        except ValueError as exc:
+            raise EvalError(str(exc)) from None
+    return catalog.cluster_nodes(ref)
 
 
 def load_nodes(spec: EvalSpec) -> tuple[Node, ...]:
     """The cluster: ``spec.nodes``, or by default openb's GPU nodes for openb, 50 synthetic nodes else."""
-    ref = spec.nodes or ("openb" if spec.workload.startswith("openb:") else "synthetic:50")
+    ref = spec.nodes or catalog.default_nodes(spec.workload)
     return _nodes(ref)
 
 

@@ -5,19 +5,31 @@ subjects through the functions here, never by string formatting of its own.
 """
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 
 PREFIX = "agmarl.v1"
-_BAD_TOKEN = re.compile(r"[.\s*>]")
+# NATS token rules: printable ASCII without '.', '*', '>' (and so no whitespace or control characters);
+# names from the cluster (namespaces, cluster names) are Kubernetes DNS labels, which pass unchanged
+_BAD_TOKEN = re.compile(r"[^!-~]|[.*>]")
+TOKEN_MAX = 63  # a Kubernetes namespace (DNS label) is at most 63 characters
+_HASH_LEN = 12  # hex digits of sha256 that stand in for the cut part of a longer value
 
 
 def token(value: str) -> str:
-    """A name made safe as one subject token (dots, spaces and wildcards become '_')."""
+    """A name made safe as one subject token, deterministically: every character outside printable
+    ASCII, and '.', '*', '>', becomes '_'; a result longer than ``TOKEN_MAX`` keeps its first
+    ``TOKEN_MAX - 13`` characters and ends in ``-`` + 12 hex digits of the value's sha256, so a subject
+    stays short (a 4,100-character namespace made a subject the server refused). Only ``*`` and ``>``
+    themselves are kept as wildcards, for subscription patterns."""
     if value in ("*", ">"):
         return value
-    cleaned = _BAD_TOKEN.sub("_", value)
-    return cleaned or "_"
+    cleaned = _BAD_TOKEN.sub("_", value) or "_"
+    if len(cleaned) <= TOKEN_MAX:
+        return cleaned
+    digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:_HASH_LEN]
+    return f"{cleaned[:TOKEN_MAX - _HASH_LEN - 1]}-{digest}"
 
 
 def pending(cluster: str) -> str:
@@ -43,7 +55,9 @@ def graph_sync(cluster: str) -> str:
 
 
 def decision(cluster: str, namespace: str) -> str:
-    return f"{PREFIX}.decision.{token(cluster)}.{token(namespace or 'default')}"
+    """A decision's subject; the namespace comes from the pod, so it is never a wildcard."""
+    ns = namespace or "default"
+    return f"{PREFIX}.decision.{token(cluster)}.{token(ns) if ns not in ('*', '>') else '_'}"
 
 
 def decision_wildcard(cluster: str = "*") -> str:
@@ -154,8 +168,9 @@ CATALOGUE: list[CatalogueEntry] = [
     CatalogueEntry(f"{PREFIX}.pending.{_C}", "pending_pod", "state-collector", ("inference",),
                    None, "A pod waiting to be scheduled: inference decides it on its cluster view, no round trip"),
     CatalogueEntry(f"{PREFIX}.snapshot.{_C}", "snapshot", "state-collector",
-                   ("graph-builder", "reward-calculator", "adaptive-engine", "cli"), None,
-                   "Full cluster state with pending pods and utilisation statistics (epoch, seq shared with events)"),
+                   ("graph-builder", "inference", "reward-calculator", "adaptive-engine", "cli"), None,
+                   "Full cluster state with pending pods and utilisation statistics (epoch, seq shared with events); "
+                   "inference reads only its pending list, in batch mode"),
     CatalogueEntry(f"{PREFIX}.event.{_C}", "event", "state-collector",
                    ("graph-builder", "cli"), None,
                    "Pod and node lifecycle outcomes in order (epoch, seq); pod_bound carries the pod"),

@@ -16,7 +16,9 @@ from agmarl_common import subjects
 from agmarl_common.cluster.model import pod_from_dict
 from agmarl_common.cluster.selectors import matches_label_selector
 from agmarl_common.kubeconvert import parse_label_selector
+from agmarl_common.policies.base import brief
 from agmarl_common.policies.registry import get_policy
+from agmarl_common.sim import catalog
 from agmarl_common.service import HandlerContext, ServiceRuntime
 from agmarl_common.settings import load_settings
 from agmarl_inference.batch import start_batch_mode
@@ -47,6 +49,8 @@ class InferenceApp:
             if settings.canary_label_selector else None
         self.replica = GraphReplica(rt, settings.cluster, settings.assume_ttl_seconds)
         self.view = self.replica.view  # the one cluster view: this loop, the extender and the batch scheduler
+        # AGMARL_BRIEF_WORKLOAD: the workload every policy is told (FGD's target workload), as the harnesses do
+        self.brief_pods = catalog.openb_pods(settings.brief_workload) if settings.brief_workload else None
         self._rank_key: object = None
         self._rank = None
         # cleared by main() until the KV selection was read, so that no pod is decided on the start-up policy
@@ -71,6 +75,10 @@ class InferenceApp:
         self.active.labels(policy=self.policy.name, model_version=self.model_version or "none", mode=self.mode).set(1)
 
     def select(self, sel: m.PolicySelection) -> None:
+        if self.settings.pinned_policy and sel.policy != self.settings.pinned_policy:
+            self.rt.log.info("policy selection %r ignored: the policy is pinned to %s (AGMARL_PINNED_POLICY)",
+                             sel.policy, self.settings.pinned_policy)
+            return
         if self.models.claim(sel):  # model:<ref>: the registry loads it off the loop, then apply_selection
             return
         try:
@@ -89,7 +97,11 @@ class InferenceApp:
                              version or "-", sel.reason)
             return
         self.canary = None
+        if self.brief_pods is not None:  # a trace replay: the policy knows the workload, as in the simulator
+            brief(policy, self.brief_pods)
         self.policy, self.model_version = policy, version
+        if self.settings.pinned_policy:
+            self.selection_loaded.set()  # the pinned policy serves from now on
         self.rt.log.info("active policy now %s (version %s, mode %s): %s", policy.name, version or "-",
                          self.mode, sel.reason)
         self._set_active_gauge()
@@ -206,8 +218,12 @@ async def main() -> int:
             await load_active_policy(rt, app)
         except Exception as exc:  # noqa: BLE001 - no KV yet is normal at first start
             rt.log.info("no active policy in KV yet (%s); using %s", exc, app.policy.name)
+        if settings.pinned_policy:
+            app.select(m.PolicySelection(policy=settings.pinned_policy, reason="pinned (AGMARL_PINNED_POLICY)",
+                                         time=time.time()))
     finally:
-        app.selection_loaded.set()
+        if not settings.pinned_policy:
+            app.selection_loaded.set()
     app.replica.request_sync("start")
     rt.spawn(app.replica.expire_loop(), name="assumed-expiry")
     await app.models.start()

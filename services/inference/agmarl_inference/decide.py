@@ -15,10 +15,10 @@ import numpy as np
 
 from agmarl_common.cluster.filters import feasible_mask, filter_node
 from agmarl_common.cluster.model import ClusterState, Pod
+from agmarl_common.cluster.specs import TIE_ORDER_LABEL
 from agmarl_common.policies.base import Policy, admission_reason, admitted, normalise_scores
 from agmarl_common.sim.inflation import pick_node
 
-TIE_ORDER_LABEL = "agmarl.io/tie-order"  # optional node label: ties go to the lowest value (a replayed trace's node order)
 TOP_SCORES = 16  # candidates whose scores a decision records (the whole list of a large cluster is too big to log)
 REASONS = 5  # filtered-out nodes whose reason a decision records
 

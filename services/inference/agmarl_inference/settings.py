@@ -7,6 +7,8 @@ from agmarl_common import settings as common  # the module: its classes are not 
 
 class InferenceSettings(common.ModelInputSettings, common.KubeSettings):
     pending_queue_group: str = "inference"  # replicas share pending pods through this NATS queue group
+    pinned_policy: str = ""  # serve this policy and ignore selections (trace replays, benchmarks); "" = follow the engine
+    brief_workload: str = ""  # openb:<name|csv>: tell every policy this workload (FGD's target), as agmarl eval does
     assume_ttl_seconds: float = 30.0  # an assumed decision whose binding is never observed is given back after this
     baseline_policy: str = "kube-resources"  # default scoring used as fallback and for blending
     rollout_mode: common.RolloutMode = "full"  # the model's authority (docs/deploy.md); KV agmarl_config/rollout overrides
@@ -18,6 +20,7 @@ class InferenceSettings(common.ModelInputSettings, common.KubeSettings):
     extender_budget_ms: int = 100  # every extender answer within this; late model/state -> default scores
     # 16 MiB: a full v1.NodeList (nodeCacheCapable: false) of 5,000 nodes at ~2 KiB each is ~10 MB
     max_body_bytes: int = 16 * 1024 * 1024
+    extender_max_nodes: int = 15_000  # nodes per extender request (NodeNames, Nodes.items, victims); more: 413
     extender_path_prefixes: list[str] = ["", "/ext"]  # the verbs are served under each (scheduler urlPrefix)
     explain_model: bool = True  # add the model's attention / feature contributions to each loop decision
     # public keys whose model signatures are trusted: key files or directories of *.pub, ':'-separated; "" =

@@ -22,6 +22,7 @@ from agmarl_common.reward import balance_std, utilisation_by_resource
 from agmarl_common.service import HandlerContext, ServiceRuntime
 from agmarl_common.settings import load_settings
 from agmarl_state_collector.settings import CollectorSettings
+from agmarl_state_collector.replay import InflationReplay
 from agmarl_state_collector.simsource import SimulatedCluster
 from agmarl_state_collector.snapshots import SnapshotPublisher, snapshot_message
 
@@ -36,6 +37,7 @@ class CollectorApp:
         self.epoch = uuid.uuid4().hex  # this run: a restarted collector resets every cluster view
         self.seq = 0  # one sequence for events and snapshots (a snapshot includes every event before it)
         self.last_snapshot = float("-inf")
+        self.finished = False  # a trace replay has decided every pod
         self.violations = 0
         self.snapshots = SnapshotPublisher(rt, settings.max_message_bytes)
         reg = rt.registry
@@ -57,6 +59,7 @@ class CollectorApp:
         now = time.time()
         if not msg.node:
             self.sim.unschedulable(msg.pod_key, now)
+            await self.sim_progress()
             return
         outcome = self.sim.bind(msg.pod_key, msg.node, tuple(msg.gpus) if msg.gpus else None, now)
         ctx.span.set_attribute("agmarl.bind.ok", outcome.ok)
@@ -86,12 +89,32 @@ class CollectorApp:
             pod=pod or {}, gpus=gpus or []))
 
     async def sim_progress(self) -> None:
-        """Hook for sources that announce the next pod when the previous one is decided (trace replay)."""
+        """After a decision: announce what is due now (a trace replay's next pod), and finish a replay."""
+        await self.announce_due()
+        if getattr(self.sim, "done", False) and not self.finished:
+            self.finished = True
+            await self.publish_snapshot()
+            if self.settings.replay_out:
+                self.sim.write_result(self.settings.replay_out)
+            result = self.sim.result()
+            self.rt.log.info("replay finished: %d pods, %d scheduled, %d failed, GPU allocation at 100 %% arrived "
+                             "%.2f %%, at 130 %% %.2f %% (result: %s)", result["pods"], result["scheduled"],
+                             result["failed"], result["gpu_alloc_100"], result["gpu_alloc_130"],
+                             self.settings.replay_out or "-")
+
+    async def announce_due(self) -> None:
+        now = time.time()
+        cluster = self.settings.cluster
+        for pod in self.sim.due(now):
+            with self.rt.tracer.start_as_current_span(f"{SERVICE} pending_pod_seen") as span:
+                span.set_attribute("agmarl.pod", pod.key)
+                span.set_attribute("agmarl.cluster", cluster)
+                await self.rt.publish(subjects.pending(cluster), m.PendingPod(
+                    cluster=cluster, pod=to_dict(pod), seen_at=time.time(), seq=self.seq))
 
     async def tick(self) -> None:
         s = self.settings
         events = self.sim.advance(s.tick_seconds * s.sim_time_scale)
-        cluster = s.cluster
         for ev in events:
             if ev.type == "pod_bound":
                 continue  # published when the decision is applied
@@ -99,13 +122,7 @@ class CollectorApp:
         if time.monotonic() - self.last_snapshot >= s.snapshot_seconds:
             self.last_snapshot = time.monotonic()
             await self.publish_snapshot()
-        now = time.time()
-        for pod in self.sim.due(now):
-            with self.rt.tracer.start_as_current_span(f"{SERVICE} pending_pod_seen") as span:
-                span.set_attribute("agmarl.pod", pod.key)
-                span.set_attribute("agmarl.cluster", cluster)
-                await self.rt.publish(subjects.pending(cluster), m.PendingPod(
-                    cluster=cluster, pod=to_dict(pod), seen_at=time.time(), seq=self.seq))
+        await self.announce_due()
 
     async def publish_snapshot(self) -> None:
         state = self.sim.state
@@ -139,6 +156,24 @@ class CollectorApp:
             await asyncio.sleep(max(0.0, period - (time.monotonic() - started)))
 
 
+def make_source(settings: CollectorSettings) -> SimulatedCluster | InflationReplay:
+    """The simulated cluster behind the collector: a trace replay (``replay_workload``) or the synthetic
+    dynamic simulator."""
+    workload = settings.replay_workload
+    if workload and settings.replay_protocol == "inflation":
+        return InflationReplay.from_spec(workload, settings.replay_nodes, settings.sim_seed, settings.replay_ratio,
+                                         settings.replay_tie_break, settings.replay_in_flight, settings.replay_rate,
+                                         settings.retry_seconds)
+    if workload:  # dynamic: a synthetic workload driven by the dynamic simulator
+        kind, _, name = workload.partition(":")
+        if kind != "synthetic":
+            raise ValueError(f"--protocol dynamic replays synthetic:<name> workloads, not {workload!r}")
+        settings = settings.model_copy(update={"sim_workload": name})
+    return SimulatedCluster.create(settings.sim_nodes, settings.sim_zones, settings.sim_workload,
+                                   settings.sim_rate, settings.sim_seed, settings.chunk_seconds,
+                                   settings.retry_seconds)
+
+
 async def main() -> int:
     settings = load_settings(CollectorSettings)
     rt = ServiceRuntime(SERVICE, settings)
@@ -148,9 +183,11 @@ async def main() -> int:
     if settings.source != "simulator":
         rt.log.error("source %r is not available (use 'simulator' or 'kubernetes')", settings.source)
         return 2
-    sim = SimulatedCluster.create(settings.sim_nodes, settings.sim_zones, settings.sim_workload,
-                                  settings.sim_rate, settings.sim_seed, settings.chunk_seconds,
-                                  settings.retry_seconds)
+    try:
+        sim = make_source(settings)
+    except (ValueError, OSError) as exc:
+        rt.log.error("cluster source: %s", exc)
+        return 2
     app = CollectorApp(rt, settings, sim)
     rt.handle(subjects.decision_wildcard(settings.cluster), m.Decision)(app.on_decision)
     await rt.start()

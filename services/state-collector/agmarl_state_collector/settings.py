@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from agmarl_common.settings import CommonSettings, KubeSettings, Source
 
 
@@ -15,6 +17,15 @@ class CollectorSettings(CommonSettings, KubeSettings):
     sim_time_scale: float = 10.0  # simulated seconds per wall second (the live cluster fills in about a minute)
     tick_seconds: float = 0.25  # wall seconds between simulator steps
     snapshot_seconds: float = 0.25  # wall seconds between full snapshots (events carry every change between them)
+    # --- trace replay (source "simulator"): the simulator only as the cluster behind the collector ---
+    replay_workload: str = ""  # openb:default | openb:<name> | openb:<csv> (inflation) | synthetic:<name> (dynamic); "" = off
+    replay_protocol: Literal["inflation", "dynamic"] = "inflation"
+    replay_nodes: str = ""  # openb | openb:all | synthetic:<n> | <node csv>; "" = openb's GPU nodes for openb
+    replay_ratio: float = 1.3  # inflation: GPU requests arrive up to this x cluster GPU capacity
+    replay_tie_break: Literal["node-order", "random"] = "node-order"  # as agmarl eval --tie-break
+    replay_in_flight: int = 1  # inflation: pods announced without a decision at most (1 = as the simulator)
+    replay_rate: float = 0.0  # inflation: pods announced per second at most (0 = as fast as decided)
+    replay_out: str = ""  # inflation: write the result (placements, allocation) here as JSON
     chunk_seconds: float = 600.0  # simulated seconds of workload generated at a time
     retry_seconds: float = 2.0  # re-announce a pod left pending (no decision or unschedulable) after this
     # --- source "kubernetes" (k8sapp / k8ssource; kubeconfig, kube_context, batch_scheduler_name: KubeSettings) ---

@@ -19,6 +19,7 @@ GPU_MILLI = 1000
 MAX_GPUS = 8
 ZONE_LABEL = "topology.kubernetes.io/zone"
 RACK_LABEL = "topology.agmarl.io/rack"
+TIE_ORDER_LABEL = "agmarl.io/tie-order"  # optional: a decider gives ties to the node with the lowest value
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 DEFAULT_SCHEDULER = "default-scheduler"
 AGMARL_SCHEDULER = "agmarl-scheduler"  # kube-scheduler with the extender (deploy/k8s extender overlays)

@@ -128,6 +128,20 @@ def pick_node(scores: np.ndarray, candidates: np.ndarray, rank: np.ndarray | Non
     return int(candidates[best[0]])
 
 
+def plan(nodes: Sequence[Node], workload: Sequence[Pod], rng: np.random.Generator, ratio: float = 1.3,
+         tie_break: str = "node-order") -> tuple[tuple[Pod, ...], np.ndarray | None]:
+    """(arrival sequence, per-node tie rank or None) of one run, drawn from ``rng`` exactly as
+    ``run_inflation`` draws them (a live replay of the run uses the same plan)."""
+    if tie_break not in ("node-order", "random"):
+        raise ValueError(f"run_inflation: unknown tie_break {tie_break!r}")
+    total = sum(nd.gpu_count for nd in nodes) * GPU_MILLI
+    if total <= 0:
+        raise ValueError("run_inflation: the cluster has no GPUs")
+    arrivals = inflate_workload(workload, total, rng, ratio)
+    rank = rng.permutation(len(nodes)) if tie_break == "node-order" else None
+    return arrivals, rank
+
+
 def run_inflation(nodes: Sequence[Node], workload: Sequence[Pod], policy: Policy, rng: np.random.Generator,
                   ratio: float = 1.3, target: TargetWorkload | None = None,
                   filter_fn: FilterFn = feasible_mask, tie_break: str = "node-order") -> InflationResult:
@@ -143,14 +157,9 @@ def run_inflation(nodes: Sequence[Node], workload: Sequence[Pod], policy: Policy
     published curves (its simulator names nodes with a random per-run prefix); ``"random"`` picks
     uniformly among the tied nodes (kube-scheduler's selectHost).
     """
-    if tie_break not in ("node-order", "random"):
-        raise ValueError(f"run_inflation: unknown tie_break {tie_break!r}")
+    arrivals, rank = plan(nodes, workload, rng, ratio, tie_break)
     state = ClusterState.empty(nodes)
     total = int(state.gpu_count.sum()) * GPU_MILLI
-    if total <= 0:
-        raise ValueError("run_inflation: the cluster has no GPUs")
-    arrivals = inflate_workload(workload, total, rng, ratio)
-    rank = rng.permutation(state.n_nodes) if tie_break == "node-order" else None
     target = target if target is not None else target_workload(workload)
     brief(policy, workload, OBJECTIVE)
     access = target.accessible(state.gpu_model)
