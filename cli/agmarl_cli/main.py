@@ -5,6 +5,33 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import time
+from pathlib import Path
+
+
+def replay_env(args: argparse.Namespace, env: dict[str, str]) -> str | None:
+    """The services' environment for a trace replay (``--workload``): the collector replays it, inference
+    serves ``--policy`` briefed with the workload, as ``agmarl eval`` runs it. Returns the result path of an
+    inflation replay (the run ends when it is written), else None."""
+    if args.policy:
+        env["AGMARL_PINNED_POLICY"] = args.policy
+    if not args.workload:
+        return None
+    env["AGMARL_REPLAY_WORKLOAD"] = args.workload
+    env["AGMARL_REPLAY_PROTOCOL"] = args.protocol
+    if args.cluster_nodes:
+        env["AGMARL_REPLAY_NODES"] = args.cluster_nodes
+    if args.protocol != "inflation":
+        return None
+    env.update(AGMARL_BRIEF_WORKLOAD=args.workload, AGMARL_OBJECTIVE="allocation", AGMARL_EXPLAIN_MODEL="false",
+               AGMARL_SNAPSHOT_SECONDS=env.get("AGMARL_SNAPSHOT_SECONDS", "5"))
+    if args.in_flight is not None:
+        env["AGMARL_REPLAY_IN_FLIGHT"] = str(args.in_flight)
+    if args.replay_rate is not None:
+        env["AGMARL_REPLAY_RATE"] = str(args.replay_rate)
+    result = args.result or str(Path(".state") / f"replay-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    env["AGMARL_REPLAY_OUT"] = str(Path(result).resolve())
+    return env["AGMARL_REPLAY_OUT"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,6 +52,19 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--kubeconfig", default=None, help="kubernetes: kubeconfig for every service (default: "
                     "$AGMARL_KUBECONFIG, $KUBECONFIG, ~/.kube/config)")
     up.add_argument("--context", default=None, help="kubernetes: kubeconfig context (default: the current one)")
+    up.add_argument("--workload", default=None, help="replay a trace through the services: openb:default | "
+                    "openb:<name|csv> (--protocol inflation) | synthetic:<name> (--protocol dynamic)")
+    up.add_argument("--protocol", default="inflation", choices=("inflation", "dynamic"),
+                    help="with --workload: the protocol the simulated cluster runs (as agmarl eval)")
+    up.add_argument("--policy", default=None, help="serve this policy for the whole run (pinned; selections "
+                    "from the adaptive-engine are ignored)")
+    up.add_argument("--cluster-nodes", default=None, metavar="REF", help="with --workload: openb | openb:all | "
+                    "synthetic:<n> | <node csv> (default: openb's GPU nodes for openb)")
+    up.add_argument("--in-flight", type=int, default=None, help="inflation replay: pods announced without a "
+                    "decision at most (default 1: each pod decided on its predecessors' cluster)")
+    up.add_argument("--replay-rate", type=float, default=None, help="inflation replay: pods per second at most")
+    up.add_argument("--result", default=None, help="inflation replay: write the result JSON here (default "
+                    ".state/replay-<run>.json); the run stops when every pod is decided")
     up.add_argument("--batch-scheduler", default=None, metavar="NAME",
                     help="kubernetes: place and bind the pending pods of this schedulerName in batch mode "
                     "(e.g. agmarl-batch-scheduler; default: off)")
@@ -144,8 +184,9 @@ def main(argv: list[str] | None = None) -> int:
             env["AGMARL_SIM_RATE"] = str(args.rate)
         if args.seed is not None:
             env["AGMARL_SIM_SEED"] = str(args.seed)
-        view = args.duration is None and not args.no_view and sys.stdout.isatty()
-        return asyncio.run(run_up(args.duration, args.summary, view, env, cluster=cluster))
+        result = replay_env(args, env)
+        view = args.duration is None and not args.no_view and sys.stdout.isatty() and result is None
+        return asyncio.run(run_up(args.duration, args.summary, view, env, cluster=cluster, result=result))
     if args.cmd == "eval":
         from agmarl_cli.evaluate import EvalSpec, eval_command  # noqa: PLC0415
         spec = EvalSpec(protocol=args.protocol, workload=args.workload, nodes=args.nodes, ratio=args.ratio,

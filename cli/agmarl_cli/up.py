@@ -42,7 +42,8 @@ def render(mon: Monitor, elapsed: float, services: dict[str, str]) -> str:
 
 
 async def run_up(duration: float | None, summary_path: str | None, view: bool, env: dict[str, str],
-                 cluster: str = "sim") -> int:
+                 cluster: str = "sim", result: str | None = None) -> int:
+    """``result``: a trace replay's result file; the run ends once it is written (and prints it)."""
     system = System(root=state_dir(), run_id=time.strftime("%Y%m%d-%H%M%S"))
     system.root.mkdir(parents=True, exist_ok=True)
     stop = asyncio.Event()
@@ -66,6 +67,12 @@ async def run_up(duration: float | None, summary_path: str | None, view: bool, e
         while not stop.is_set():
             elapsed = time.monotonic() - started
             if duration is not None and elapsed >= duration:
+                break
+            if result is not None and Path(result).exists():
+                done = json.loads(Path(result).read_text())
+                print(f"agmarl: replay finished: {done['pods']} pods, {done['scheduled']} scheduled, GPU allocation "
+                      f"at 100 % arrived {done['gpu_alloc_100']:.2f} %, at 130 % {done['gpu_alloc_130']:.2f} % "
+                      f"({result})", flush=True)
                 break
             if system.exited():
                 print(f"agmarl: service exited: {system.exited()}", file=sys.stderr)

@@ -80,14 +80,23 @@ def decide(pod: Pod, state: ClusterState, policy: Policy, default: Policy, mode:
                                                     "filtered_out": n_out})
     raw = np.asarray(policy.score(pod, state, idx), dtype=np.float64)
     model = normalise_scores(raw)
-    base = model if default is policy else normalise_scores(default.score(pod, state, idx))
+    blends = mode in ("hybrid", "shadow")
+    if default is policy:
+        base = model
+    elif blends:
+        base = normalise_scores(default.score(pod, state, idx))
+    else:  # the default scores only go to the log: score (and normalise among) the logged candidates only
+        base = np.full(idx.size, np.nan)
     blended = blend(model, base, mode, model_weight)
     # the policy alone decides in full / canary / recommend: its own scores pick, exactly as in the simulator
-    node_index = pick_node(blended if mode in ("hybrid", "shadow") else raw, idx, rank)
+    node_index = pick_node(blended if blends else raw, idx, rank)
     best = int(np.flatnonzero(idx == node_index)[0])
     gpus = policy.choose_gpus(pod, state, node_index)
     order = np.argsort(-blended, kind="stable")
     top = order[:TOP_SCORES]
+    if np.isnan(base).any():
+        logged = np.union1d(top, [best])
+        base[logged] = normalise_scores(default.score(pod, state, idx[logged]))
     names = {int(k): state.nodes[int(idx[k])].name for k in top}
     names[best] = state.nodes[node_index].name
     explanation = {

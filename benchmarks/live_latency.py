@@ -1,0 +1,142 @@
+"""Decision latency through the services (issue 11): a pending pod published by the state-collector to its
+decision acknowledged on the JetStream DECISIONS stream, on the openb cluster (1,523 nodes by default),
+at a steady arrival rate.
+
+Real parts: an embedded nats-server, the state-collector replaying openb's default pod list (inflation
+order, ``--rate`` pods per second, announced one at a time on a 10 ms tick), graph-builder and inference
+as processes, the policy pinned. The benchmark reads the DECISIONS stream with an ordered push consumer:
+latency = arrival on the stream consumer - the PendingPod's ``seen_at`` (set when the collector
+publishes it), so it includes inference's decision, the JetStream publish and its acknowledgement, and
+the delivery back. Prints p50 / p90 / p99 / max over the measured decisions (after ``--warmup``), and
+inference's own share (``decided_at - seen_at``).
+
+    nice .venv/bin/python benchmarks/live_latency.py --nodes openb:all --rate 100 --pods 3000 --policy model:default
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from agmarl_common import messages as m
+from agmarl_common import subjects
+from agmarl_common.bus import Bus
+from agmarl_common.natsserver import NatsServer
+from agmarl_common.testing import wait_healthy
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVICES = ("graph-builder", "inference", "state-collector")
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
+
+
+async def run(args: argparse.Namespace) -> dict:
+    work = Path(tempfile.mkdtemp(prefix="agmarl-live-latency-"))
+    ns = NatsServer(store_dir=work / "js")
+    ns.start()
+    cluster = "bench"
+    env = {**os.environ, "NATS_URL": ns.url, "AGMARL_CLUSTER": cluster, "AGMARL_HTTP_PORT": "0",
+           "AGMARL_STATE_DIR": str(work / "state"), "AGMARL_TRACE_DIR": str(work / "traces"),
+           "AGMARL_REPLAY_WORKLOAD": args.workload, "AGMARL_REPLAY_NODES": args.nodes,
+           "AGMARL_REPLAY_RATE": str(args.rate), "AGMARL_REPLAY_IN_FLIGHT": "100000",
+           "AGMARL_SIM_SEED": str(args.seed), "AGMARL_TICK_SECONDS": "0.01", "AGMARL_SNAPSHOT_SECONDS": "30",
+           "AGMARL_PINNED_POLICY": args.policy, "AGMARL_BRIEF_WORKLOAD": args.workload,
+           "AGMARL_OBJECTIVE": args.objective, "AGMARL_EXPLAIN_MODEL": "true" if args.explain else "false",
+           "AGMARL_LOG_LEVEL": "WARNING"}
+    procs = {}
+    bus = None
+    try:
+        for s in SERVICES[:2]:  # the collector last: it starts announcing at once
+            procs[s] = subprocess.Popen([sys.executable, "-m", "agmarl_" + s.replace("-", "_")], env=env,
+                                        stdout=open(work / f"{s}.log", "w"), stderr=subprocess.STDOUT)
+        bus = await Bus.connect(ns.url, name="bench-live-latency")
+        for s in SERVICES[:2]:
+            await wait_healthy(bus, s, timeout=120)
+        await bus.ensure_streams()
+        got: list[tuple[float, m.Decision]] = []
+        done = asyncio.Event()
+
+        async def on_decision(msg) -> None:
+            at = time.time()
+            got.append((at, m.decode(m.Decision, msg.data)))
+            if len(got) >= args.warmup + args.pods:
+                done.set()
+
+        js = bus.nc.jetstream()
+        await js.subscribe(subjects.decision_wildcard(cluster), cb=on_decision, ordered_consumer=True,
+                           deliver_policy=m_deliver_new())
+        procs["state-collector"] = subprocess.Popen([sys.executable, "-m", "agmarl_state_collector"], env=env,
+                                                    stdout=open(work / "state-collector.log", "w"),
+                                                    stderr=subprocess.STDOUT)
+        limit = 120 + (args.warmup + args.pods) / args.rate * 3
+        try:
+            await asyncio.wait_for(done.wait(), timeout=limit)
+        except asyncio.TimeoutError:
+            print(f"only {len(got)} decisions within {limit:.0f} s", file=sys.stderr)
+        measured = got[args.warmup:args.warmup + args.pods]
+        e2e = [1000 * (at - d.seen_at) for at, d in measured]
+        own = [1000 * (d.decided_at - d.seen_at) for _, d in measured]
+        span = (measured[-1][0] - measured[0][0]) if len(measured) > 1 else float("nan")
+        out = {"nodes": args.nodes, "rate": args.rate, "policy": args.policy, "objective": args.objective,
+               "decisions": len(measured), "achieved_rate": len(measured) / span if span else float("nan"),
+               "scheduled": sum(1 for _, d in measured if d.node),
+               "latency_ms": {"p50": pct(e2e, 50), "p90": pct(e2e, 90), "p99": pct(e2e, 99), "max": max(e2e or [0])},
+               "inference_ms": {"p50": pct(own, 50), "p99": pct(own, 99)}}
+        return out
+    finally:
+        if bus is not None:
+            await bus.close()
+        for p in procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs.values():
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        ns.stop()
+
+
+def m_deliver_new():
+    from nats.js.api import DeliverPolicy
+    return DeliverPolicy.NEW
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", default="openb:all")
+    ap.add_argument("--workload", default="openb:default")
+    ap.add_argument("--rate", type=float, default=100.0, help="pending pods per second")
+    ap.add_argument("--pods", type=int, default=3000, help="decisions measured")
+    ap.add_argument("--warmup", type=int, default=200, help="decisions not measured (start-up)")
+    ap.add_argument("--policy", default="model:default")
+    ap.add_argument("--objective", default="composite", choices=("composite", "allocation"))
+    ap.add_argument("--explain", action="store_true", help="add the model's explanation to each decision")
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    out = asyncio.run(run(args))
+    lat, own = out["latency_ms"], out["inference_ms"]
+    print(f"live decision latency, {out['nodes']} nodes, {args.rate:.0f} pods/s, {out['policy']} "
+          f"({out['objective']}): {out['decisions']} decisions at {out['achieved_rate']:.1f}/s: "
+          f"p50 {lat['p50']:.2f} ms, p90 {lat['p90']:.2f} ms, p99 {lat['p99']:.2f} ms, max {lat['max']:.1f} ms "
+          f"(inference's own: p50 {own['p50']:.2f}, p99 {own['p99']:.2f} ms)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
