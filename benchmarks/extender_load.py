@@ -1,8 +1,8 @@
 """HTTP load on the kube-scheduler extender at openb scale (1,523 nodes, nodeCacheCapable).
 
 Starts a private nats-server and the inference service as a real process (``python -m
-agmarl_inference``), puts an active policy in KV, publishes one ClusterSnapshot of the openb nodes
-with openb pods placed on them, then replays what kube-scheduler does for each pending pod, one
+agmarl_inference``), puts an active policy in KV, publishes the openb nodes with openb pods placed on
+them as graph-builder publishes a full cluster graph (GraphUpdate), then replays what kube-scheduler does for each pending pod, one
 pod at a time: POST /filter with all 1,523 NodeNames, then POST /prioritize with the nodes that
 passed. Pods are openb pods written as v1.Pod JSON (cpu/memory requests, nvidia.com/gpu or the
 alibabacloud.com/gpu-milli share annotation), so the Kubernetes conversion runs on every call.
@@ -33,7 +33,8 @@ from agmarl_common import messages as m
 from agmarl_common import subjects
 from agmarl_common.bus import Bus
 from agmarl_common.cluster.filters import feasible_mask
-from agmarl_common.cluster.model import Pod, state_to_dict
+from agmarl_common.cluster.compact import compact_snapshot
+from agmarl_common.cluster.model import Pod
 from agmarl_common.kubeconvert import pods_on_nodes
 from agmarl_common.natsserver import NatsServer
 from agmarl_common.sim.traces import load_openb_nodes, load_openb_pods
@@ -147,14 +148,14 @@ def report(title: str, lat: dict[str, list[float]], budget_s: float) -> None:
               f"{max(xs, default=float('nan')) * 1e3:.2f} | {over} |")
 
 
-async def seed_nats(url: str, policy: str, snapshot: m.ClusterSnapshot | None) -> None:
+async def seed_nats(url: str, policy: str, snapshot: m.GraphUpdate | None) -> None:
     bus = await Bus.connect(url, "bench")
     try:
         if snapshot is None:
             await bus.kv_put(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY, m.PolicySelection(
                 policy=policy, reason="extender benchmark", time=time.time()))
         else:
-            await bus.publish(subjects.snapshot(CLUSTER), snapshot)
+            await bus.publish(subjects.graph(CLUSTER), snapshot)
             await bus.flush()
     finally:
         await bus.close()
@@ -188,7 +189,8 @@ def main() -> None:
     nodes = load_openb_nodes()
     openb = load_openb_pods()
     state, placed = preload(nodes, openb, args.preload)
-    snapshot = m.ClusterSnapshot(cluster=CLUSTER, seq=1, time=time.time(), state=state_to_dict(state))
+    snapshot = m.GraphUpdate(cluster=CLUSTER, epoch="bench", version=1, full=True, state=compact_snapshot(state),
+                             time=time.time())
     names = [n.name for n in nodes]
     pending = [pod_json(p, i) for i, p in enumerate(openb[args.preload:args.preload + args.pods + args.down_pods])]
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus")
@@ -206,7 +208,7 @@ def main() -> None:
         try:
             with httpx.Client(base_url=f"http://127.0.0.1:{http_port}", timeout=10.0) as client:
                 deadline = time.monotonic() + 30
-                while True:  # the service subscribes to snapshots once it runs
+                while True:  # the service subscribes to graph updates once it runs
                     try:
                         client.get("/healthz")
                         break

@@ -44,6 +44,9 @@ class CollectorApp:
         self.bound_total = Counter("agmarl_pods_bound_total", "Pods bound in the cluster", registry=reg)
         self.rejected_total = Counter("agmarl_bind_rejected_total", "Decisions refused by the hard filter at bind",
                                       registry=reg)
+        self.stale_total = Counter("agmarl_decisions_stale_total",
+                                   "Decisions for pods no longer pending (a duplicate announcement decided twice)",
+                                   registry=reg)
         self.pending_gauge = Gauge("agmarl_pending_pods", "Pods waiting for a node", registry=reg)
         self.sched_pending = Gauge("scheduler_pending_pods", "Pending pods, kube-scheduler naming", ["queue"],
                                    registry=reg)
@@ -57,6 +60,9 @@ class CollectorApp:
         if msg.cluster != self.settings.cluster or msg.source != "loop":
             return  # extender and batch decisions are bound by kube-scheduler / the binder, not here
         now = time.time()
+        if not self.sim.is_pending(msg.pod_key):  # a duplicate of a pod decided already: nothing to bind or refuse
+            self.stale_total.inc()
+            return
         if not msg.node:
             self.sim.unschedulable(msg.pod_key, now)
             await self.sim_progress()

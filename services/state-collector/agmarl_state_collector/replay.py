@@ -68,8 +68,11 @@ class InflationReplay:
         self.node_of: dict[str, int] = {}  # pod key -> node index (-1: dropped)
         self.position = {p.key: e for e, p in enumerate(arrivals)}
         self.started_at: float | None = None
-        self.retry_s = retry_s  # a pod without a decision this long is announced again (no decider was listening)
+        # pods are announced again only when no decision at all came for ``retry_s`` (no decider was listening,
+        # e.g. at start-up): a busy decider is never sent duplicates
+        self.retry_s = retry_s
         self.announced_at: dict[str, float] = {}
+        self.last_decision = 0.0
 
     @classmethod
     def from_spec(cls, workload: str, nodes: str, seed: int, ratio: float, tie_break: str, in_flight: int,
@@ -91,7 +94,7 @@ class InflationReplay:
             self.started_at = now
         out = []
         for key, pod in self.state.pending.items():
-            if now - self.announced_at.get(key, now) > self.retry_s:
+            if now - max(self.announced_at.get(key, now), self.last_decision) > self.retry_s:
                 self.announced_at[key] = now
                 out.append(pod)
         while self.next < len(self.arrivals) and len(self.state.pending) < self.in_flight:
@@ -105,16 +108,21 @@ class InflationReplay:
             out.append(pod)
         return out
 
+    def is_pending(self, pod_key: str) -> bool:
+        return pod_key in self.state.pending
+
     def unschedulable(self, pod_key: str, now: float) -> None:
+        self.last_decision = now
         if self.state.pending.pop(pod_key, None) is not None:
             self.node_of[pod_key] = -1
             self.state.counters.failed += 1
 
     def bind(self, pod_key: str, node: str, gpus: tuple[int, ...] | None, now: float) -> BindOutcome:
+        self.last_decision = now
         pod = self.state.pending.get(pod_key)
         cluster = self.state.cluster
         if pod is None:
-            return BindOutcome(False, "not pending")
+            return BindOutcome(False, "pod is not pending")
         i = cluster.index.get(node)
         if i is None:
             return BindOutcome(False, f"unknown node {node}")

@@ -97,6 +97,10 @@ class SimulatedCluster:
         return outcome
 
 
+    def is_pending(self, pod_key: str) -> bool:
+        assert self.state is not None
+        return pod_key in self.state.pending
+
     def bound_pod(self, pod_key: str, node: str) -> Pod | None:
         """The pod as bound on ``node`` (with its GPU devices), or None."""
         assert self.state is not None

@@ -5,7 +5,8 @@ A change is a dict (msgpack-friendly):
 - ``{"op": "removed", "pod_key": key}``
 - ``{"op": "node_ready", "node": name, "ready": bool}``
 - ``{"op": "load", "cpu": [..] | None, "mem": [..] | None}`` (measured load of every node)
-- ``{"op": "rejected", "pod_key": key}`` (a bind was refused: a view forgets the pod it assumed there)
+- ``{"op": "rejected", "pod_key": key, "node": name}`` (a bind to ``node`` was refused: a view forgets the pod
+  if it assumed it there)
 
 ``diff(old, new)`` lists the changes that turn ``old`` into ``new`` when both have the same nodes (None
 when they do not: a full state is due); ``apply(view, changes)`` applies them to a ``ClusterView``.
@@ -34,8 +35,8 @@ def removed_change(pod_key: str) -> dict[str, Any]:
     return {"op": "removed", "pod_key": pod_key}
 
 
-def rejected_change(pod_key: str) -> dict[str, Any]:
-    return {"op": "rejected", "pod_key": pod_key}
+def rejected_change(pod_key: str, node: str = "") -> dict[str, Any]:
+    return {"op": "rejected", "pod_key": pod_key, "node": node}
 
 
 def node_ready_change(node: str, ready: bool) -> dict[str, Any]:
@@ -85,7 +86,7 @@ def apply(view: ClusterView, changes: list[dict[str, Any]]) -> None:
         elif op == "node_ready":
             view.observe_node_ready(str(ch["node"]), bool(ch["ready"]))
         elif op == "rejected":
-            view.forget(str(ch["pod_key"]))
+            view.forget(str(ch["pod_key"]), str(ch.get("node") or ""))
         elif op == "load":
             cpu, mem = ch.get("cpu"), ch.get("mem")
             view.observe_load(None if cpu is None else np.asarray(cpu), None if mem is None else np.asarray(mem))
@@ -108,7 +109,7 @@ def from_event(etype: str, pod_key: str, node: str, pod: dict[str, Any], gpus: l
     if kind == "removed":
         return removed_change(pod_key)
     if kind == "rejected":
-        return rejected_change(pod_key)
+        return rejected_change(pod_key, node)
     if kind == "node_ready":
         return node_ready_change(node, etype == "node_recovered")
     return None

@@ -153,10 +153,13 @@ class ClusterView:
         self.version += 1
         return True
 
-    def forget(self, pod_key: str) -> bool:
-        """An assumed pod's bind failed: give its resources back (observed pods are left alone)."""
-        if self.assumed.pop(pod_key, None) is None:
+    def forget(self, pod_key: str, node: str = "") -> bool:
+        """An assumed pod's bind (to ``node``; "" = wherever) failed: give its resources back. Observed pods,
+        and a pod assumed on another node than the refused one, are left alone."""
+        a = self.assumed.get(pod_key)
+        if a is None or (node and a.node != node):
             return False
+        del self.assumed[pod_key]
         self._remove(pod_key)
         self.version += 1
         return True

@@ -123,3 +123,14 @@ def test_events_map_to_changes():
         ch.from_event("pod_bound", "default/p", "a", {}, [])
     with pytest.raises(ValueError):
         ch.check([{"op": "teleport"}])
+
+
+def test_a_refused_bind_forgets_only_the_assumption_it_refused():
+    v = ClusterView()
+    v.apply_snapshot("e", 1, observed())
+    p = Pod("p", 1000, 100)
+    v.assume(p, "a", (), now=0.0)
+    ch.apply(v, [ch.rejected_change(p.key, "b")])  # a stale refusal of another decision for the pod
+    assert v.is_assumed(p.key) and usage(v.state)[0] == 1000
+    ch.apply(v, [ch.rejected_change(p.key, "a")])
+    assert not v.is_assumed(p.key) and usage(v.state)[0] == 0
