@@ -9,6 +9,8 @@ choice), the picks are bound and as many running pods finish, so a few node rows
 the caches (node rows, node embeddings) are warm but must follow the changes. Warm-up steps are not
 measured. Besides wall time, the report gives the CPU time of the scoring thread and the load average:
 on a shared machine wall time also counts other processes' slices (docs/performance.md).
+``compare_latency`` runs two models alternately in one process from the same filled cluster (the INT8
+variant against its float model: ``benchmarks/quantised_model.py``).
 """
 
 from __future__ import annotations
@@ -83,6 +85,23 @@ def filled_state(nodes: Sequence[Node], workload: Sequence[Pod], count: int, rng
     return state
 
 
+_STARTS: dict[tuple[int, int, int], tuple[ClusterState, dict]] = {}
+
+
+def start_state(n_nodes: int, fill: int, seed: int) -> tuple[ClusterState, np.random.Generator]:
+    """(the filled cluster, the generator after filling it) for (nodes, fill, seed): built once per process,
+    so runs of several models in one process (``compare_latency``) start from the same state."""
+    key = (n_nodes, fill, seed)
+    if key not in _STARTS:
+        rng = np.random.default_rng(seed)
+        workload = traces.load_openb_pods(traces.openb_pod_path("default"))
+        _STARTS[key] = (filled_state(cluster_nodes(n_nodes), workload, fill, rng), rng.bit_generator.state)
+    state, rng_state = _STARTS[key]
+    rng = np.random.default_rng()
+    rng.bit_generator.state = rng_state
+    return state, rng
+
+
 def _fits(pod: Pod, state: ClusterState, i: int) -> bool:
     return fits_resources(pod, state, i).ok and fits_gpu(pod, state, i).ok
 
@@ -135,15 +154,13 @@ def run_latency(spec: BenchSpec) -> dict[str, Any]:
     if spec.nodes < 1 or spec.batch < 1 or spec.steps < 1 or spec.warmup < 0:
         raise ValueError("--nodes, --batch and --steps must be >= 1, --warmup >= 0")
     cpu = pin_one_core() if spec.pin else None
-    artifact = modelstore.load_local(spec.model)
+    artifact = modelstore.load_local(spec.model, trust=modelstore.trust_from_environment())
     policy = OnnxModelPolicy(artifact, objective=spec.objective)
-    rng = np.random.default_rng(spec.seed)
-    nodes = cluster_nodes(spec.nodes)
     workload = traces.load_openb_pods(traces.openb_pod_path("default"))
     policy.observe_workload(workload)
     t0 = time.perf_counter()
     fill = 2 * spec.nodes if spec.fill < 0 else spec.fill
-    state = filled_state(nodes, workload, fill, rng)
+    state, rng = start_state(spec.nodes, fill, spec.seed)
     fill_s = time.perf_counter() - t0
     times, cpu_times, cand_counts, seq = [], [], [], 0
     for step in range(spec.warmup + spec.steps):
@@ -180,6 +197,19 @@ def run_latency(spec: BenchSpec) -> dict[str, Any]:
         report["target_p99_ms"] = target
         report["within_target"] = bool(report["p99_ms"] <= target)
     return report
+
+
+def compare_latency(spec: BenchSpec, other: str, rounds: int = 2) -> dict[str, Any]:
+    """``spec.model`` against the model ``other`` on the same cluster, seed and steps, in this process:
+    ``rounds`` alternating runs of each (A B A B ...), so both see the same load. Returns {"base": [reports],
+    "other": [reports], "ratio": {p50_ms, p99_ms, cpu_p50_ms, cpu_p99_ms: median over rounds of other / base}}."""
+    runs: dict[str, list[dict[str, Any]]] = {"base": [], "other": []}
+    for _ in range(rounds):
+        runs["base"].append(run_latency(spec))
+        runs["other"].append(run_latency(replace(spec, model=other)))
+    keys = ("p50_ms", "p99_ms", "cpu_p50_ms", "cpu_p99_ms")
+    ratio = {k: round(float(np.median([o[k] / b[k] for b, o in zip(runs["base"], runs["other"])])), 3) for k in keys}
+    return {**runs, "ratio": ratio}
 
 
 def latency_command(spec: BenchSpec, json_path: str | None) -> int:

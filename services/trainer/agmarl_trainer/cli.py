@@ -3,6 +3,8 @@
     agmarl train [--config configs/train/default.yaml] [--out models/<name>] [--evaluate quick|full]
                  [--eval-seeds 42-51] [--eval-workloads default,cpu100] [--distributed]
     agmarl train --evaluate-only --out models/default [--eval-seeds ...]   # evaluate an existing model folder
+    agmarl train --quantize models/default --out models/default-int8 [--quant-method dynamic|weight-only]
+                                                 # its INT8 variant (agmarl_trainer.quantize; no training)
 
 Writes runs/<name>/ (metrics.csv, checkpoints, history.json) and the model folder: encoder.onnx,
 actor.onnx, model.pt, manifest.json (version, sha256 of each file, training config, evaluation,
@@ -164,6 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--distributed", action="store_true", help="join a torchrun process group (gloo)")
     p.add_argument("--evaluate-only", action="store_true",
                    help="no training: the full evaluation of the model folder --out, its report and manifest rewritten")
+    p.add_argument("--quantize", default="", metavar="MODEL_DIR",
+                   help="no training: write the INT8 variant of MODEL_DIR to --out (default <MODEL_DIR>-int8)")
+    p.add_argument("--quant-method", default="dynamic", choices=("dynamic", "weight-only"),
+                   help="--quantize: int8 weights and activations (dynamic) or int8 weights only (MatMulNBits)")
     return p
 
 
@@ -213,6 +219,14 @@ def evaluate_only(out: Path, args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.quantize:
+        from agmarl_trainer.quantize import QuantizeConfig, quantize_model
+
+        out = Path(args.out or f"{args.quantize.rstrip('/')}-int8")
+        manifest = quantize_model(args.quantize, out, QuantizeConfig(method=args.quant_method))
+        print(json.dumps({"model_dir": str(out), "version": manifest["version"], "variant": manifest["variant"],
+                          "quantised_from": manifest["quantised_from"]["version"]}))
+        return 0
     cfg = load_config(args.config)
     out = Path(args.out or f"models/{cfg.name}")
     if args.evaluate_only:
