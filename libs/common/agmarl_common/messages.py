@@ -251,8 +251,8 @@ def decode(cls: type[Message], data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) 
     if not isinstance(obj, dict):
         raise DecodeError(f"expected a map for {cls.KIND!r}, got {type(obj).__name__}", "schema")
     version = obj.get("v", 1)
-    if version not in cls.VERSIONS:
-        raise DecodeError(f"unsupported schema version {version!r} for {cls.KIND!r} "
+    if type(version) is not int or version not in cls.VERSIONS:  # a list or map would not even hash
+        raise DecodeError(f"unsupported schema version {_brief(version)} for {cls.KIND!r} "
                           f"(supported: {sorted(cls.VERSIONS)})", "schema")
     try:
         return cls.model_validate(obj, strict=True)
@@ -260,6 +260,16 @@ def decode(cls: type[Message], data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) 
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}"
                              for e in exc.errors()[:5])
         raise DecodeError(f"invalid {cls.KIND!r}: {problems}", "schema") from None
+    except (TypeError, ValueError, RecursionError) as exc:  # a validator meeting a type it does not expect
+        raise DecodeError(f"invalid {cls.KIND!r}: {type(exc).__name__}", "schema") from None
+
+
+def _brief(value: Any, limit: int = 40) -> str:
+    """A short rendering of a decoded value for an error message (containers by type only)."""
+    if isinstance(value, (list, dict, tuple)):
+        return f"of type {type(value).__name__}"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def dead_letter(service: str, subject: str, reason: str, kind: str, payload: bytes, time: float) -> DeadLetter:

@@ -79,6 +79,11 @@ REJECTIONS = [
     ("bad literal", ClusterEvent, _raw(**{**GOOD_EVENT, "type": "pod_exploded"}), "schema", "type"),
     ("no coercion", ClusterEvent, _raw(**{**GOOD_EVENT, "seq": "1"}), "schema", "seq"),
     ("unknown version", ClusterEvent, _raw(**GOOD_EVENT, v=2), "schema", "version 2"),
+    ("version a list", ClusterEvent, _raw(**GOOD_EVENT, v=[1]), "schema", "version of type list"),
+    ("version a map", ClusterEvent, _raw(**GOOD_EVENT, v={"a": 1}), "schema", "version of type dict"),
+    ("version a string", ClusterEvent, _raw(**GOOD_EVENT, v="1"), "schema", "version '1'"),
+    ("version a bool", ClusterEvent, _raw(**GOOD_EVENT, v=True), "schema", "version True"),
+    ("version a float", ClusterEvent, _raw(**GOOD_EVENT, v=1.0), "schema", "version 1.0"),
 ]
 
 
@@ -88,6 +93,27 @@ def test_decode_rejects(name, cls, payload, kind, text):
         decode(cls, payload)
     assert info.value.kind == kind
     assert text in info.value.reason
+
+
+OTHER_TYPES = [None, True, -1, 2 ** 63, 1.5, "x", b"\x00", [], [1, "a"], {}, {"k": [1]}, {1: 2}, [[[]]]]
+
+
+@pytest.mark.parametrize("msg", SAMPLES, ids=lambda msg: type(msg).KIND)
+def test_any_field_of_another_type_is_a_schema_error(msg):
+    """Every field of every kind, ``v`` included, replaced by values of other types: a DecodeError of
+    kind "schema" (counted, dead-lettered, acked by the service middleware), never a TypeError."""
+    fields = msg.model_dump(mode="python")
+    for name in fields:
+        for value in OTHER_TYPES:
+            if type(value) is type(fields[name]) or value == fields[name]:
+                continue
+            payload = msgpack.packb({**fields, name: value}, use_bin_type=True)
+            try:
+                decode(type(msg), payload)
+            except DecodeError as exc:
+                assert exc.kind == "schema", (name, value, exc)
+            else:  # accepted: only where the field's type admits the value (None for an optional, any JSON)
+                assert name != "v", value
 
 
 def test_max_bytes_is_a_parameter():

@@ -130,10 +130,16 @@ class ExtenderService:
         self._state_pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="extender-state")
         self._model_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="extender-model")
         self._model_slot = threading.Semaphore(1)  # one model computation at a time, never queued
+        self._body_pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="extender-body")
 
     def close(self) -> None:
         self._state_pool.shutdown(wait=False, cancel_futures=True)
         self._model_pool.shutdown(wait=False, cancel_futures=True)
+        self._body_pool.shutdown(wait=False, cancel_futures=True)
+
+    def offload(self, fn: Callable, *args: Any) -> asyncio.Future:
+        """``fn(*args)`` off the event loop (large bodies parsed, large answers written)."""
+        return asyncio.get_running_loop().run_in_executor(self._body_pool, fn, *args)
 
     # --- helpers ----------------------------------------------------------------------------------
 
@@ -218,8 +224,10 @@ class ExtenderService:
         failed.update({n: why for n, a in zip(ok, allowed) if not a})
         return [n for n, a in zip(ok, allowed) if a]
 
-    async def filter(self, args: ExtenderArgs, headers: Any = None) -> ExtenderFilterResult:
-        seen_at, deadline = time.time(), time.perf_counter() + self.work_budget
+    async def filter(self, args: ExtenderArgs, headers: Any = None, started: float | None = None
+                     ) -> ExtenderFilterResult:
+        """``started``: ``time.perf_counter()`` when the request arrived (its reading and parsing count)."""
+        seen_at, deadline = time.time(), (time.perf_counter() if started is None else started) + self.work_budget
         pod = self._pod(args.Pod)
         src = self.source
         decides = returned_kind(src.mode, src.mode != "canary" or self.opted_in(pod), "") == "model"
@@ -296,9 +304,11 @@ class ExtenderService:
         except Exception:  # noqa: BLE001
             return None, self.fallback("model_error")
 
-    async def prioritize(self, args: ExtenderArgs, headers: Any = None) -> dict[str, int]:
-        """Host -> score 0..10 for every node of the request (unknown/infeasible ones score 0)."""
-        seen_at, deadline = time.time(), time.perf_counter() + self.work_budget
+    async def prioritize(self, args: ExtenderArgs, headers: Any = None, started: float | None = None
+                         ) -> dict[str, int]:
+        """Host -> score 0..10 for every node of the request (unknown/infeasible ones score 0); ``started``
+        as for ``filter``."""
+        seen_at, deadline = time.time(), (time.perf_counter() if started is None else started) + self.work_budget
         pod = self._pod(args.Pod)
         src = self.source
         policy, default, mode, version = src.policy, src.default, src.mode, src.model_version
@@ -402,15 +412,17 @@ class ExtenderService:
         return ExtenderBindingResult()
 
     async def preempt(self, args: ExtenderPreemptionArgs, headers: Any = None) -> ExtenderPreemptionResult:
-        """Passthrough: the extender adds no victims and vetoes no candidate node."""
+        """Passthrough: the extender adds no victims and vetoes no candidate node (a node given without
+        victims, ``null``, which kube-scheduler never sends, is left out rather than answered null)."""
         if args.NodeNameToMetaVictims is not None:
-            return ExtenderPreemptionResult(NodeNameToMetaVictims=args.NodeNameToMetaVictims)
+            return ExtenderPreemptionResult(NodeNameToMetaVictims={
+                node: v for node, v in args.NodeNameToMetaVictims.items() if v is not None})
         out = {}
         for node, victims in (args.NodeNameToVictims or {}).items():
-            victims = victims or {}
-            pods = [MetaPod(UID=str(((p or {}).get("metadata") or {}).get("uid", "")))
-                    for p in victims.get("Pods") or []]
-            out[node] = MetaVictims(Pods=pods, NumPDBViolations=int(victims.get("NumPDBViolations") or 0))
+            if victims is None:
+                continue
+            pods = [MetaPod(UID=p.metadata.uid if p is not None else "") for p in victims.Pods or []]
+            out[node] = MetaVictims(Pods=pods, NumPDBViolations=victims.NumPDBViolations)
         return ExtenderPreemptionResult(NodeNameToMetaVictims=out)
 
 

@@ -1,4 +1,4 @@
-"""The extender never fails scheduling: malformed and oversized bodies get 400 / 413 (counted), a
+"""The extender never fails scheduling: malformed, oversized and invalid bodies get 400 / 413 / 422 (counted), a
 slow or failing model and NATS down answer default scores within the time budget.
 """
 
@@ -20,14 +20,17 @@ from agmarl_inference.testing import LOADED, Running, pod_json, prioritize, runn
 # --- bad bodies --------------------------------------------------------------------------------------
 
 async def test_malformed_and_oversized_bodies(nats_url):
-    async with running(nats_url, max_body_bytes=4096) as r:
+    async with running(nats_url, max_body_bytes=4096, extender_max_nodes=5) as r:
         cases = [
             (b"{not json", 400, "not JSON"),
-            (b"[1, 2]", 400, "not a ExtenderArgs"),
-            (b'{"NodeNames": ["node-0"]}', 400, "Pod"),
-            (json.dumps({"Pod": pod_json(cpu="lots"), "NodeNames": ["node-0"]}).encode(), 400, "quantity"),
-            (json.dumps({"Pod": {"metadata": {}}, "NodeNames": ["node-0"]}).encode(), 400, "metadata.name"),
+            (b"[1, 2]", 422, "not a ExtenderArgs"),
+            (b'{"NodeNames": ["node-0"]}', 422, "Pod"),
+            (json.dumps({"Pod": pod_json(cpu="lots"), "NodeNames": ["node-0"]}).encode(), 422, "quantity"),
+            (json.dumps({"Pod": {"metadata": {}}, "NodeNames": ["node-0"]}).encode(), 422, "metadata.name"),
             (json.dumps({"Pod": pod_json(), "NodeNames": ["n" * 5000]}).encode(), 413, "exceeds"),
+            (b'{"Pod": {}, "NodeNames": ["\\ud800"]}', 400, "not JSON"),  # a lone surrogate
+            (b"[" * 1000 + b"]" * 1000, 400, "recursion limit"),
+            (b'{"Pod": {}, "NodeNames": ["a", "b", "c", "d", "e", "f"]}', 413, "5 per request"),
         ]
         for body, status, text in cases:
             for verb in ("filter", "prioritize"):
@@ -41,10 +44,13 @@ async def test_malformed_and_oversized_bodies(nats_url):
         resp = await r.client.post("/filter", content=chunks())
         assert resp.status_code == 413
         bad = await r.client.post("/bind", json={"PodName": "x"})
-        assert bad.status_code == 400
+        assert bad.status_code == 422
         reg = r.rt.registry
         assert sample(reg, "agmarl_extender_rejected_requests_total", {"verb": "filter", "reason": "oversized"}) == 2
-        assert sample(reg, "agmarl_extender_rejected_requests_total", {"verb": "prioritize", "reason": "malformed"}) == 1
+        assert sample(reg, "agmarl_extender_rejected_requests_total", {"verb": "prioritize", "reason": "malformed"}) == 2
+        assert sample(reg, "agmarl_extender_rejected_requests_total", {"verb": "prioritize", "reason": "encoding"}) == 1
+        assert sample(reg, "agmarl_extender_rejected_requests_total", {"verb": "prioritize", "reason": "schema"}) == 2
+        assert sample(reg, "agmarl_extender_rejected_requests_total", {"verb": "filter", "reason": "too_many_nodes"}) == 1
         assert sample(reg, "agmarl_extender_rejected_requests_total", {"verb": "filter", "reason": "invalid"}) == 2
         # lower-case keys are read as Go's encoding/json reads them
         ok = await r.client.post("/filter", json={"pod": pod_json(), "nodenames": ["node-0"]})
