@@ -90,15 +90,16 @@ class InflationReplay:
     def due(self, now: float) -> list[Pod]:
         """The next arrivals: while fewer than ``in_flight`` wait for a decision (and, with a ``rate``,
         no faster than ``rate`` pods per second)."""
-        if self.started_at is None:
-            self.started_at = now
         out = []
         for key, pod in self.state.pending.items():
             if now - max(self.announced_at.get(key, now), self.last_decision) > self.retry_s:
                 self.announced_at[key] = now
                 out.append(pod)
-        while self.next < len(self.arrivals) and len(self.state.pending) < self.in_flight:
-            if self.rate > 0 and self.next >= (now - self.started_at) * self.rate:
+        # until the first decision arrives nobody may be listening: one pod at a time, and the rate's clock
+        # starts with that decision (pods announced to nobody would be decided late, out of order)
+        limit = self.in_flight if self.started_at is not None else 1
+        while self.next < len(self.arrivals) and len(self.state.pending) < limit:
+            if self.rate > 0 and self.started_at is not None and self.next >= (now - self.started_at) * self.rate:
                 break
             pod = self.arrivals[self.next]
             self.next += 1
@@ -111,14 +112,19 @@ class InflationReplay:
     def is_pending(self, pod_key: str) -> bool:
         return pod_key in self.state.pending
 
-    def unschedulable(self, pod_key: str, now: float) -> None:
+    def _decided(self, now: float) -> None:
         self.last_decision = now
+        if self.started_at is None:
+            self.started_at = now - 1.0 / self.rate if self.rate > 0 else now
+
+    def unschedulable(self, pod_key: str, now: float) -> None:
+        self._decided(now)
         if self.state.pending.pop(pod_key, None) is not None:
             self.node_of[pod_key] = -1
             self.state.counters.failed += 1
 
     def bind(self, pod_key: str, node: str, gpus: tuple[int, ...] | None, now: float) -> BindOutcome:
-        self.last_decision = now
+        self._decided(now)
         pod = self.state.pending.get(pod_key)
         cluster = self.state.cluster
         if pod is None:
