@@ -254,8 +254,11 @@ def pod_feature_key(pod: Pod, objective: str = "composite") -> tuple:
            pod.qos in ("LS", "Guaranteed"))
     if objective != "composite":
         return key
+    # terms hold label selectors (dicts, unhashable): keyed by their repr (equal terms, equal repr; a
+    # different dict order only makes two equal pods score separately)
     return key + (pod.qos, pod.namespace, pod.service, tuple(sorted(pod.labels.items())), pod.preferred_node_affinity,
-                  pod.tolerations, pod.preferred_pod_affinity, pod.preferred_pod_anti_affinity, pod.topology_spread)
+                  pod.tolerations, repr((pod.preferred_pod_affinity, pod.preferred_pod_anti_affinity,
+                                         pod.topology_spread)))
 
 
 def identical_pods(pods: Sequence[Pod], candidates: Sequence[np.ndarray],

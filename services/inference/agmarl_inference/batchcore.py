@@ -18,7 +18,7 @@ a failed binding and the next batch. No I/O, no clocks: times come in as argumen
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -52,16 +52,71 @@ def batch_order(pods: Iterable[Pod]) -> list[Pod]:
     return sorted(pods, key=batch_key)
 
 
-def _ranked(idx: np.ndarray, raw: np.ndarray) -> list[tuple[int, float]]:
-    scores = normalise_scores(np.asarray(raw, dtype=float))
-    order = np.lexsort((idx, -scores))  # score descending, ties -> lower index
-    return list(zip(idx[order].tolist(), scores[order].tolist()))
+HEAD = 8  # proposals each pod sorts up front; the rest only when the arbiter gets that far
 
 
-def propose_all(pods: list[Pod], state: ClusterState, policy: Policy) -> dict[str, list[tuple[int, float]]]:
+class Ranking(Sequence):
+    """One pod's proposals, best first: ``(node index, score 0..100)`` items, score descending, ties ->
+    lower node index. Sorted lazily: the first ``HEAD`` up front (a partial sort), the rest when asked."""
+
+    __slots__ = ("idx", "scores", "_head", "_order")
+
+    def __init__(self, idx: np.ndarray, raw: np.ndarray):
+        self.idx = np.asarray(idx, dtype=np.int64)
+        self.scores = normalise_scores(np.asarray(raw, dtype=float))
+        self._order: np.ndarray | None = None
+        self._head = self._best(HEAD)
+
+    def _sort(self, pos: np.ndarray) -> np.ndarray:
+        return pos[np.lexsort((self.idx[pos], -self.scores[pos]))]
+
+    def _best(self, k: int) -> np.ndarray:
+        """Positions of the first ``k`` proposals in order: every entry at least as good as the k-th best
+        (ties included) sorted, then cut: the same prefix as a full sort."""
+        n = self.idx.size
+        if n <= k or np.isnan(self.scores).any():
+            return self.order()[:k]
+        neg = -self.scores
+        kth = np.partition(neg, k - 1)[k - 1]
+        return self._sort(np.flatnonzero(neg <= kth))[:k]
+
+    def order(self) -> np.ndarray:
+        """Positions (into ``idx`` / ``scores``) of every proposal, best first."""
+        if self._order is None:
+            self._order = self._sort(np.arange(self.idx.size))
+        return self._order
+
+    def __len__(self) -> int:
+        return int(self.idx.size)
+
+    def __getitem__(self, r):
+        if isinstance(r, slice):
+            start, stop, step = r.indices(len(self))
+            if step == 1 and stop <= self._head.size:
+                pos = self._head[start:stop]
+            else:
+                pos = self.order()[r]
+            return list(zip(self.idx[pos].tolist(), self.scores[pos].tolist()))
+        if r < 0:
+            r += len(self)
+        if not 0 <= r < len(self):
+            raise IndexError(r)
+        o = int(self._head[r]) if r < self._head.size else int(self.order()[r])
+        return int(self.idx[o]), float(self.scores[o])
+
+    def next_passing(self, mask: np.ndarray, start: int) -> int:
+        """The first rank >= ``start`` whose node passes ``mask`` ((n_nodes,) bool); len(self) if none."""
+        if start >= len(self):
+            return len(self)
+        hits = np.flatnonzero(mask[self.idx[self.order()[start:]]])
+        return start + int(hits[0]) if hits.size else len(self)
+
+
+def propose_all(pods: list[Pod], state: ClusterState, policy: Policy) -> dict[str, Ranking]:
     """Each pod's proposals against the same ``state``: (node index, score 0..100) for every node passing
-    the hard filter, best first. A policy with ``score_batch`` (the learned one) scores them all in one
-    pass (one graph, one encoder and one actor run)."""
+    the hard filter, best first. A policy with ``score_batch`` (the learned one, the weighted kube
+    plugins) scores them all in one pass (one graph, one encoder and one actor run; resource plugins
+    as one (pods, nodes) array)."""
     cands = [admitted(policy, p, state, feasible_nodes(p, state)) for p in pods]
     live = [k for k, c in enumerate(cands) if c.size]
     batch = getattr(policy, "score_batch", None)
@@ -69,9 +124,15 @@ def propose_all(pods: list[Pod], state: ClusterState, policy: Policy) -> dict[st
         raw = batch([pods[k] for k in live], state, [cands[k] for k in live])
     else:
         raw = [policy.score(pods[k], state, cands[k]) for k in live]
-    out: dict[str, list[tuple[int, float]]] = {p.key: [] for p in pods}
+    empty = Ranking(np.zeros(0, np.int64), np.zeros(0))
+    out: dict[str, Ranking] = {p.key: empty for p in pods}
+    same: dict[tuple[bytes, bytes], Ranking] = {}  # pods with equal candidates and scores share one ranking
     for k, r in zip(live, raw):
-        out[pods[k].key] = _ranked(cands[k], r)
+        r = np.asarray(r, dtype=float)
+        key = (cands[k].tobytes(), r.tobytes())
+        if key not in same:
+            same[key] = Ranking(cands[k], r)
+        out[pods[k].key] = same[key]
     return out
 
 
@@ -83,42 +144,69 @@ def why_not(pod: Pod, state: ClusterState) -> str:
     return f"0/{state.n_nodes} nodes are available" + (f": {detail}" if detail else "")
 
 
-def arbitrate(order: list[Pod], proposals: dict[str, list[tuple[int, float]]], state: ClusterState,
+def _pod_terms(pod: Pod) -> bool:
+    """The pod's hard filter depends on pods on other nodes (its spread constraints or pod (anti-)affinity)."""
+    return bool(pod.topology_spread or pod.pod_affinity or pod.pod_anti_affinity)
+
+
+def arbitrate(order: list[Pod], proposals: Mapping[str, Sequence[tuple[int, float]]], state: ClusterState,
               policy: Policy, top: int = 5) -> tuple[list[Placement], ClusterState]:
     """Grant each pod (in ``order``) its best proposal that still passes the hard filter in the
-    state updated by the earlier grants; returns the placements and that final state."""
+    state updated by the earlier grants; returns the placements and that final state.
+
+    Proposals passed the hard filter against the starting state (``propose_all``), so a proposal is
+    re-checked only where an earlier grant could have changed the answer: on a node an earlier pod took
+    (its resources), and everywhere for a pod whose filter looks at other nodes' pods (spread, pod
+    (anti-)affinity) or once an earlier grant carries pod (anti-)affinity terms. Proposals that are not
+    ``Ranking``s are checked in full (``filter_node`` on each), as are all of them after a refusal
+    (``feasible_mask``, equal to ``filter_node(...).ok`` on every node)."""
     out: list[Placement] = []
     admit = getattr(policy, "admit", None)
     admit = admit if callable(admit) else None
+    names = [nd.name for nd in state.nodes]
+    taken = np.zeros(state.n_nodes, dtype=bool)  # nodes an earlier grant of this batch went to
+    terms_granted = False  # an earlier grant has pod (anti-)affinity terms: other pods' filters may change
     for position, pod in enumerate(order):
-        ranked = proposals.get(pod.key, [])
-        shown = {state.nodes[i].name: round(s, 3) for i, s in ranked[:top]}
+        ranked = proposals.get(pod.key, ())
+        trusted = isinstance(ranked, Ranking) and not terms_granted and not _pod_terms(pod)
+        shown = {names[i]: round(s, 3) for i, s in ranked[:top]}
         refused = 0
         placed = None
         ok = None  # after a refusal: the hard filter of every node at once (feasible_mask == filter_node(...).ok)
-        for rank, (i, score) in enumerate(ranked):
-            fits = filter_node(pod, state, i).ok if ok is None else bool(ok[i])
+        rank, n = 0, len(ranked)
+        while rank < n:
+            i, score = ranked[rank]
+            if ok is None:
+                fits = (trusted and not taken[i]) or filter_node(pod, state, i).ok
+            else:
+                fits = bool(ok[i])
             if not fits:
-                refused += 1
                 if ok is None:
                     ok = feasible_mask(pod, state)
+                nxt = ranked.next_passing(ok, rank + 1) if isinstance(ranked, Ranking) else rank + 1
+                refused += nxt - rank
+                rank = nxt
                 continue
             if admit is not None and not bool(admit(pod, state, np.array([i]))[0]):
                 refused += 1  # earlier grants took this node over the policy's admission limit
+                rank += 1
                 continue
             gpus = policy.choose_gpus(pod, state, i)
             if gpus is None:
                 refused += 1
+                rank += 1
                 continue
-            placed = Placement(pod, state.nodes[i].name, i, tuple(gpus), score, rank, position,
+            placed = Placement(pod, names[i], i, tuple(gpus), score, rank, position,
                                f"{refused} better proposal(s) taken by earlier pods in the batch" if refused else "",
                                shown)
             state = bind(state, pod, i, tuple(gpus))
+            taken[i] = True
+            terms_granted = terms_granted or pod.has_pod_affinity
             break
         if placed is None:
             reason = why_not(pod, state)
-            if ranked:
-                reason += f" (after earlier pods in the batch took its {len(ranked)} candidate(s))"
+            if n:
+                reason += f" (after earlier pods in the batch took its {n} candidate(s))"
             elif admit is not None and (fits := int(feasible_mask(pod, state).sum())):
                 reason = (f"{fits}/{state.n_nodes} nodes pass the hard filter, "
                           f"none admits the pod: {admission_reason(policy, pod)}")

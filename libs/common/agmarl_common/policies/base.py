@@ -16,7 +16,7 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from agmarl_common.cluster.model import ClusterState, Pod, choose_gpus
+from agmarl_common.cluster.model import GPU_MILLI, MAX_GPUS, ClusterState, Pod, choose_gpus
 
 MAX_NODE_SCORE = 100
 
@@ -43,7 +43,14 @@ class PolicyBase:
         raise NotImplementedError
 
     def choose_gpus(self, pod: Pod, state: ClusterState, node_index: int) -> tuple[int, ...] | None:
-        return choose_gpus(pod, state.gpu_free()[node_index])
+        if pod.num_gpu == 0:
+            return ()
+        return choose_gpus(pod, gpu_free_row(state, node_index))
+
+
+def gpu_free_row(state: ClusterState, i: int) -> np.ndarray:
+    """``state.gpu_free()[i]`` without computing the other nodes' rows."""
+    return np.where(np.arange(MAX_GPUS) < state.gpu_count[i], GPU_MILLI - state.gpu_used[i], 0)
 
 
 def brief(policy: Policy, workload: Sequence[Pod] | None = None, objective: str | None = None) -> None:

@@ -26,7 +26,7 @@ holds the policies that combine them.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -55,7 +55,9 @@ from agmarl_common.policies.kube_resources import (
     pod_request,
     resource_request_and_allocatable,
     score_balanced_allocation,
+    score_balanced_allocation_many,
     score_least_allocated,
+    score_least_allocated_many,
     score_most_allocated,
     score_requested_to_capacity_ratio,
     zero_request_counts,
@@ -73,6 +75,13 @@ __all__ = [
 ]
 
 Scorer = Callable[[Pod, ClusterState, np.ndarray], np.ndarray]
+ManyScorer = Callable[[Sequence[Pod], ClusterState], np.ndarray]  # (P, n_nodes) scores of every pod on every node
+
+
+def _resource_plugins_many(resources: tuple[ResourceSpec, ...]) -> dict[str, ManyScorer]:
+    """The node-local resource plugins of the default profile, scoring many pods at once."""
+    return {"NodeResourcesFit": lambda pods, s: score_least_allocated_many(pods, s, resources),
+            "NodeResourcesBalancedAllocation": lambda pods, s: score_balanced_allocation_many(pods, s, resources)}
 
 
 DEFAULT_PLUGIN_WEIGHTS: dict[str, int] = {  # kube-scheduler v1 default profile score weights
@@ -86,12 +95,17 @@ DEFAULT_PLUGIN_WEIGHTS: dict[str, int] = {  # kube-scheduler v1 default profile 
 
 
 class WeightedPluginsPolicy(PolicyBase):
-    """Sum of weight * normalised plugin score, as the scheduling framework combines score plugins."""
+    """Sum of weight * normalised plugin score, as the scheduling framework combines score plugins.
+
+    ``node_local`` names plugins whose score of a node does not depend on the other candidates (no
+    normalisation over them), with a scorer of many pods on every node at once (``ManyScorer``:
+    (P, n_nodes)); ``score_batch`` uses it and runs the other plugins pod by pod."""
 
     name = "weighted-plugins"
 
-    def __init__(self, plugins: dict[str, tuple[Scorer, int]]):
+    def __init__(self, plugins: dict[str, tuple[Scorer, int]], node_local: dict[str, ManyScorer] | None = None):
         self.plugins = plugins
+        self.node_local = dict(node_local or {})
 
     def plugin_scores(self, pod: Pod, state: ClusterState, candidates: np.ndarray) -> dict[str, np.ndarray]:
         """Each plugin's 0..100 score per candidate (for explanations)."""
@@ -103,6 +117,24 @@ class WeightedPluginsPolicy(PolicyBase):
         for name, s in self.plugin_scores(pod, state, candidates).items():
             total += self.plugins[name][1] * s
         return total
+
+    def score_batch(self, pods: Sequence[Pod], state: ClusterState,
+                    candidates_list: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """``score`` of every pod against the same ``state``, equal to it pod by pod: the node-local
+        plugins score all pods on all nodes in one pass, the others run per pod; sums in plugin order."""
+        if len(pods) != len(candidates_list):
+            raise ValueError(f"score_batch: {len(pods)} pods but {len(candidates_list)} candidate arrays")
+        cands = [np.asarray(c, dtype=np.int64) for c in candidates_list]
+        if type(self).score is not WeightedPluginsPolicy.score:  # a subclass scores its own way
+            return [np.asarray(self.score(p, state, c), dtype=np.float64) for p, c in zip(pods, cands)]
+        many = {name: f(pods, state) for name, f in self.node_local.items() if name in self.plugins} if pods else {}
+        out = []
+        for k, (pod, c) in enumerate(zip(pods, cands)):
+            total = np.zeros(len(c), dtype=np.float64)
+            for name, (scorer, weight) in self.plugins.items():
+                total += weight * (many[name][k, c] if name in many else scorer(pod, state, c))
+            out.append(total)
+        return out
 
 
 class KubeDefaultPolicy(WeightedPluginsPolicy):
@@ -121,7 +153,7 @@ class KubeDefaultPolicy(WeightedPluginsPolicy):
             "InterPodAffinity": (score_inter_pod_affinity, w["InterPodAffinity"]),
             "NodeResourcesBalancedAllocation": (lambda p, s, c: score_balanced_allocation(p, s, c, resources),
                                                 w["NodeResourcesBalancedAllocation"]),
-        })
+        }, _resource_plugins_many(resources))
 
 
 class KubeResourcesPolicy(WeightedPluginsPolicy):
@@ -133,7 +165,7 @@ class KubeResourcesPolicy(WeightedPluginsPolicy):
         super().__init__({
             "NodeResourcesFit": (lambda p, s, c: score_least_allocated(p, s, c, resources), 1),
             "NodeResourcesBalancedAllocation": (lambda p, s, c: score_balanced_allocation(p, s, c, resources), 1),
-        })
+        }, _resource_plugins_many(resources))
 
 
 class MostAllocatedPolicy(PolicyBase):

@@ -7,6 +7,7 @@ scorers of ``policies.kube`` share; conventions (pure, 0..100, Go integer arithm
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -126,11 +127,80 @@ def _weighted(pod, state, candidates, resources, per_resource, non_zero: bool) -
     return np.where(wsum > 0, total // np.maximum(wsum, 1), 0).astype(np.float64)
 
 
+def _requests_many(pods: Sequence[Pod], name: str, non_zero: bool) -> np.ndarray:
+    """(P, 1) int64: each pod's request of ``name`` as ``resource_request_and_allocatable`` adds it."""
+    req = np.array([pod_request(p, name) for p in pods], dtype=np.int64)
+    if non_zero and name in (CPU, MEMORY):
+        req = np.where(req == 0, DEFAULT_MILLI_CPU_REQUEST if name == CPU else DEFAULT_MEMORY_REQUEST_MIB, req)
+    return req[:, None]
+
+
+def request_and_allocatable_many(pods: Sequence[Pod], state: ClusterState, name: str, non_zero: bool,
+                                 zero_counts: tuple[np.ndarray, np.ndarray] | None = None
+                                 ) -> tuple[np.ndarray, np.ndarray]:
+    """``resource_request_and_allocatable`` of every pod on every node at once: (P, n) requested
+    including the pod, and allocatable ((n,), or (P, n) for GPUs: 0 in the rows of pods without GPUs)."""
+    req = _requests_many(pods, name, non_zero)
+    if name == CPU:
+        used = state.cpu_used + (DEFAULT_MILLI_CPU_REQUEST * zero_counts[0] if non_zero else 0)
+        return used[None, :] + req, np.asarray(state.cpu_cap, dtype=np.int64)
+    if name == MEMORY:
+        used = state.mem_used + (DEFAULT_MEMORY_REQUEST_MIB * zero_counts[1] if non_zero else 0)
+        return used[None, :] + req, np.asarray(state.mem_cap, dtype=np.int64)
+    if name == GPU:
+        asks = req > 0
+        used = state.gpu_used.sum(axis=1)[None, :] + req
+        alloc = (state.gpu_count * GPU_MILLI).astype(np.int64)[None, :]
+        return np.where(asks, used, 0), np.where(asks, alloc, 0)
+    raise ValueError(f"unknown resource {name!r}")
+
+
+def _zero_counts_all(state: ClusterState) -> tuple[np.ndarray, np.ndarray]:
+    return zero_request_counts(state, np.arange(state.n_nodes, dtype=np.int64))
+
+
+def _weighted_many(pods, state, resources, per_resource, non_zero: bool) -> np.ndarray:
+    """``_weighted`` of every pod on every node: (P, n) float64."""
+    total = np.zeros((len(pods), state.n_nodes), dtype=np.int64)
+    wsum = np.zeros((len(pods), state.n_nodes), dtype=np.int64)
+    zero = _zero_counts_all(state) if non_zero else None
+    for spec in resources:
+        req, alloc = request_and_allocatable_many(pods, state, spec.name, non_zero, zero)
+        has = alloc > 0
+        s = per_resource(req, np.where(has, alloc, 1))
+        total += np.where(has, s * spec.weight, 0)
+        wsum += np.where(has, spec.weight, 0)
+    return np.where(wsum > 0, total // np.maximum(wsum, 1), 0).astype(np.float64)
+
+
+def _least(r: np.ndarray, a: np.ndarray) -> np.ndarray:
+    return np.where(r > a, 0, (a - r) * MAX_NODE_SCORE // a)
+
+
 def score_least_allocated(pod: Pod, state: ClusterState, candidates: np.ndarray,
                           resources: tuple[ResourceSpec, ...] = DEFAULT_RESOURCES) -> np.ndarray:
     """NodeResourcesFit LeastAllocated: (alloc - req) * 100 / alloc per resource (0 if over)."""
-    return _weighted(pod, state, candidates, resources,
-                     lambda r, a: np.where(r > a, 0, (a - r) * MAX_NODE_SCORE // a), non_zero=True)
+    return _weighted(pod, state, candidates, resources, _least, non_zero=True)
+
+
+def _by_request(pods: Sequence[Pod], resources: tuple[ResourceSpec, ...], many) -> np.ndarray:
+    """``many(distinct pods)`` expanded to every pod: pods asking the same amounts of ``resources``
+    (replicas, common shapes) get the same node-local resource scores, computed once."""
+    keys = [tuple(pod_request(p, s.name) for s in resources) for p in pods]
+    first: dict[tuple, int] = {}
+    for k, key in enumerate(keys):
+        first.setdefault(key, k)
+    if len(first) == len(pods):
+        return many(pods)
+    row = {key: j for j, key in enumerate(first)}
+    return many([pods[k] for k in first.values()])[[row[key] for key in keys]]
+
+
+def score_least_allocated_many(pods: Sequence[Pod], state: ClusterState,
+                               resources: tuple[ResourceSpec, ...] = DEFAULT_RESOURCES) -> np.ndarray:
+    """(P, n): ``score_least_allocated`` of every pod on every node (the score of a node does not depend
+    on the other candidates, so row k read at pod k's candidates is its score)."""
+    return _by_request(pods, resources, lambda ps: _weighted_many(ps, state, resources, _least, non_zero=True))
 
 
 def score_most_allocated(pod: Pod, state: ClusterState, candidates: np.ndarray,
@@ -179,14 +249,18 @@ def score_requested_to_capacity_ratio(pod: Pod, state: ClusterState, candidates:
 def balance_score(fractions: np.ndarray, present: np.ndarray) -> np.ndarray:
     """int64((1 - std) * 100) of the requested/allocatable fractions, per column (node).
 
-    ``fractions`` (resources, nodes) are already capped at 1; only ``present`` resources count.
+    ``fractions`` (resources, nodes) or (pods, resources, nodes) are already capped at 1; only
+    ``present`` resources count.
     Two resources: std = |(f0 - f1) / 2|; more: population std; fewer: std 0 (score 100).
     """
     f, h = np.asarray(fractions, dtype=np.float64), np.asarray(present, dtype=bool)
-    n = h.sum(axis=0)
-    mean = np.where(n > 0, (f * h).sum(axis=0) / np.maximum(n, 1), 0.0)
-    std = np.sqrt(((f - mean) ** 2 * h).sum(axis=0) / np.maximum(n, 1))
-    spread = np.where(h, f, -np.inf).max(axis=0) - np.where(h, f, np.inf).min(axis=0)
+    ax = -2  # resources: (resources, nodes), or (pods, resources, nodes) for many pods at once
+    n = h.sum(axis=ax)
+    std = np.zeros(n.shape)
+    if (n > 2).any():
+        mean = np.where(n > 0, (f * h).sum(axis=ax) / np.maximum(n, 1), 0.0)
+        std = np.sqrt(((f - np.expand_dims(mean, ax)) ** 2 * h).sum(axis=ax) / np.maximum(n, 1))
+    spread = np.where(h, f, -np.inf).max(axis=ax) - np.where(h, f, np.inf).min(axis=ax)
     std = np.where(n == 2, np.abs(spread) / 2, np.where(n > 2, std, 0.0))  # Go's exact two-resource form
     return np.trunc((1.0 - std) * MAX_NODE_SCORE).astype(np.int64)
 
@@ -218,3 +292,28 @@ def score_balanced_allocation(pod: Pod, state: ClusterState, candidates: np.ndar
     s_without = balance_score(np.array(without_pod).reshape(shape), h)
     half = MAX_NODE_SCORE // 2
     return (half + (half + s_with - s_without) // 2).astype(np.float64)
+
+
+def score_balanced_allocation_many(pods: Sequence[Pod], state: ClusterState,
+                                   resources: tuple[ResourceSpec, ...] = DEFAULT_RESOURCES) -> np.ndarray:
+    """(P, n): ``score_balanced_allocation`` of every pod on every node (node by node, as that is)."""
+    if not pods:
+        return np.zeros((0, state.n_nodes), dtype=np.float64)
+    return _by_request(pods, resources, lambda ps: _balanced_many(ps, state, resources))
+
+
+def _balanced_many(pods: Sequence[Pod], state: ClusterState, resources: tuple[ResourceSpec, ...]) -> np.ndarray:
+    with_pod, without_pod, has = [], [], []
+    for spec in resources:
+        req, alloc = request_and_allocatable_many(pods, state, spec.name, non_zero=False)
+        alloc = np.broadcast_to(alloc, req.shape)
+        safe = np.maximum(alloc, 1)
+        with_pod.append(np.minimum(req / safe, 1.0))
+        without_pod.append(np.minimum((req - _requests_many(pods, spec.name, False)) / safe, 1.0))
+        has.append(alloc > 0)
+    h = np.stack(has, axis=1)  # (P, resources, n)
+    s_with = balance_score(np.stack(with_pod, axis=1), h)
+    s_without = balance_score(np.stack(without_pod, axis=1), h)
+    half = MAX_NODE_SCORE // 2
+    best_effort = np.array([all(pod_request(p, s.name) == 0 for s in resources) for p in pods])[:, None]
+    return np.where(best_effort, 0, half + (half + s_with - s_without) // 2).astype(np.float64)

@@ -33,6 +33,7 @@ from agmarl_common.features import (EDGE_FEATURES, NODE_FEATURES, POD_FEATURES, 
 from agmarl_common.policies.base import PolicyBase
 from agmarl_common.policies.registry import MODEL_PREFIX  # noqa: F401  (re-exported)
 from agmarl_common.reward import SCHEMES
+from agmarl_common.sim.fragmentation import pod_shape
 
 EXPLAIN_TOP = 8  # candidates kept for feature contributions
 TARGET_GROWTH = (16, 64, 256, 1024)  # seen-pod counts at which an implicit target workload is rebuilt
@@ -176,6 +177,7 @@ class OnnxModelPolicy(PolicyBase):
         self._node_key: tuple = ()
         self._ref: ClusterState | None = None
         self._cache = EncoderCache(self.encoder, artifact.layers, max_share)
+        self._devices: tuple = (None, None, {})  # (context, state, pod shape -> (n,) device) of the last batch
         specs = {"node": NODE_FEATURES, "pod": POD_FEATURES, "edge": EDGE_FEATURES}
         self._cols = {k: input_columns(self.manifest, f"{k}_features", names) for k, names in specs.items()}
         self._names = {k: list(names) if self._cols[k] is None else [names[j] for j in self._cols[k]]
@@ -302,8 +304,10 @@ class OnnxModelPolicy(PolicyBase):
         with self._lock:
             self._note(pods, state)
             reps, group = identical_pods(pods, candidates_list, self._context.objective)
-            g = self._inputs(build_graph([pods[k] for k in reps], self._canonical(state),
+            canonical = self._canonical(state)
+            g = self._inputs(build_graph([pods[k] for k in reps], canonical,
                                          [np.asarray(candidates_list[k], np.int64) for k in reps], self._context))
+            self._remember_devices([pods[k] for k in reps], canonical, g)
             logits = self.forward(g)[1].astype(np.float64)
         scores = np.split(logits, np.cumsum([len(candidates_list[k]) for k in reps])[:-1])
         return [scores[j].copy() for j in group]
@@ -312,7 +316,37 @@ class OnnxModelPolicy(PolicyBase):
         with self._lock:
             if self._context is None:
                 self._note([pod], state)
-            return device_for(pod, self._canonical(state), node_index, self._context)
+            state = self._canonical(state)
+            known = self._known_device(pod, state, node_index) if pod.is_gpu_share else None
+            if known is not None:
+                return known
+            return device_for(pod, state, node_index, self._context)
+
+    def _remember_devices(self, pods: Sequence[Pod], state: ClusterState, g: HeteroGraph) -> None:
+        """Keep the GPU share devices of the last ``score_batch`` graph (``cand_device``, per pod shape and
+        node): ``device_for`` gives the same device while the node's usage and the context are unchanged."""
+        by_shape: dict[tuple, np.ndarray] = {}
+        bounds = np.cumsum(np.bincount(g.cand_pod, minlength=len(pods)))
+        for k, p in enumerate(pods):
+            if p.is_gpu_share:
+                row = by_shape.setdefault(pod_shape(p), np.full(state.n_nodes, -2, np.int64))
+                lo = bounds[k - 1] if k else 0
+                row[g.cand_node[lo:bounds[k]]] = g.cand_device[lo:bounds[k]]
+        self._devices = (self._context, state, by_shape)
+
+    def _known_device(self, pod: Pod, state: ClusterState, i: int) -> tuple[int, ...] | None:
+        """``device_for``'s device from ``_remember_devices`` when node i is as it was then; None otherwise
+        (unknown, or no device fits: ``device_for`` decides)."""
+        context, ref, by_shape = self._devices
+        row = by_shape.get(pod_shape(pod)) if context is self._context and ref.nodes is state.nodes else None
+        if row is None or row[i] == -2:
+            return None
+        if state is not ref and (state.cpu_used[i] != ref.cpu_used[i] or state.mem_used[i] != ref.mem_used[i]
+                                 or state.pods_used[i] != ref.pods_used[i]
+                                 or state.schedulable[i] != ref.schedulable[i]
+                                 or not np.array_equal(state.gpu_used[i], ref.gpu_used[i])):
+            return None
+        return (int(row[i]),) if row[i] >= 0 else None
 
     # --- explanations ----------------------------------------------------------------------------
 

@@ -1,0 +1,188 @@
+"""Batch mode throughput (issue 11, item 4): pods decided per second for 2,000 pending pods on the 1,523-node
+openb cluster, per policy and batch size. Target: >= 700 pods/s.
+
+The pods are the first ``--pods`` arrivals of openb:default's inflation plan (``sim.inflation.plan``, seed
+``--seed``), the cluster starts empty, the policy is briefed with the workload (as ``agmarl eval`` does) and
+warmed up on a few other pods against the starting state (a serving policy has seen the cluster before a
+batch comes). Two measurements:
+
+1. **in-process**: ``batchcore.decide_batch`` over batches of ``--batch-sizes`` pods, each batch deciding
+   on the state the previous one left (what the binder does with its ``ClusterView``). Printed: wall-clock
+   pods/s (median of ``--repeats`` runs, best in brackets) and pods per CPU second of this process (less
+   sensitive to other load on the machine).
+2. **through the batch binder** (``--binder``): the inference service's ``BatchBinder`` (``start_batch_mode``)
+   with a real nats-server, fed a ``ClusterSnapshot`` and one ``PendingPod`` message per pod, binding through
+   the official ``kubernetes`` client against the project's STAND-IN API server
+   (``agmarl_common.testing_k8s.StandInApiServer``: real HTTP, not Kubernetes -- no kube-apiserver is available
+   here). Printed: pods/s until every pod is decided (ledger status binding, bound or unschedulable) and
+   until every Binding was accepted by the stand-in, counted from the first PendingPod published (the
+   messages are encoded before: in a cluster the state-collector, another process, does that). The binder
+   publishes a ``Decision`` on JetStream for each bound pod, in the same process and event loop.
+
+The load average is printed with the figures: on a shared 2-core machine they vary with it.
+
+    nice .venv/bin/python benchmarks/batch_throughput.py
+    nice .venv/bin/python benchmarks/batch_throughput.py --policies kube-default --batch-sizes 64 256 2000 --binder
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from agmarl_common.cluster.model import ClusterState, Pod, state_to_dict, to_dict
+from agmarl_common.cluster.specs import AGMARL_BATCH_SCHEDULER
+from agmarl_common.policies.base import brief
+from agmarl_common.policies.registry import get_policy
+from agmarl_common.sim import catalog
+from agmarl_common.sim.inflation import plan
+from agmarl_inference.batchcore import decide_batch
+
+TARGET = 700.0  # pods/s
+
+
+def load(args: argparse.Namespace) -> tuple[tuple, list[Pod], list[Pod], list[Pod]]:
+    """(nodes, the pods to decide, warm-up pods, the workload the policy is briefed with)."""
+    nodes = tuple(catalog.cluster_nodes(args.nodes))
+    workload = catalog.openb_pods(args.workload)
+    arrivals, _ = plan(nodes, workload, np.random.default_rng(args.seed))
+    pods = [replace_scheduler(p) for p in arrivals[: args.pods]]
+    warm = list(arrivals[args.pods: args.pods + 8])
+    return nodes, pods, warm, workload
+
+
+def replace_scheduler(p: Pod) -> Pod:
+    return replace(p, scheduler_name=AGMARL_BATCH_SCHEDULER)
+
+
+def make_policy(name: str, seed: int, workload: list[Pod], nodes: tuple, warm: list[Pod]):
+    policy = get_policy(name, seed)
+    brief(policy, workload)
+    decide_batch(warm, ClusterState.empty(nodes), policy)  # warm-up: the result is thrown away
+    return policy
+
+
+def in_process(policy, nodes: tuple, pods: list[Pod], batch: int) -> tuple[float, float, int]:
+    """(wall seconds, CPU seconds, pods placed) deciding ``pods`` in batches of ``batch``."""
+    state = ClusterState.empty(nodes)
+    placed = 0
+    c0, t0 = time.process_time(), time.perf_counter()
+    for k in range(0, len(pods), batch):
+        placements, state = decide_batch(pods[k:k + batch], state, policy)
+        placed += sum(1 for p in placements if p.node)
+    return time.perf_counter() - t0, time.process_time() - c0, placed
+
+
+async def through_binder(policy, nodes: tuple, pods: list[Pod], batch: int, work: Path) -> dict:
+    """Decide and bind ``pods`` through the batch binder, the stand-in API and a real nats-server."""
+    from kubernetes import client  # noqa: PLC0415
+
+    from agmarl_common import messages as m  # noqa: PLC0415
+    from agmarl_common import subjects  # noqa: PLC0415
+    from agmarl_common.bus import Bus  # noqa: PLC0415
+    from agmarl_common.natsserver import NatsServer  # noqa: PLC0415
+    from agmarl_common.service import ServiceRuntime  # noqa: PLC0415
+    from agmarl_common.testing_k8s import StandInApiServer, node_json, pod_json  # noqa: PLC0415
+    from agmarl_inference.batch import BatchConfig, start_batch_mode  # noqa: PLC0415
+    from agmarl_inference.settings import InferenceSettings  # noqa: PLC0415
+
+    cluster = f"bench{uuid.uuid4().hex[:6]}"
+    with NatsServer(store_dir=work / f"js-{cluster}") as nats, StandInApiServer() as standin:
+        for n in nodes:
+            standin.add_node(node_json(n.name))
+        for p in pods:
+            standin.add_pod(pod_json(p.name, namespace=p.namespace, scheduler_name=AGMARL_BATCH_SCHEDULER))
+        settings = InferenceSettings(nats_url=nats.url, cluster=cluster, trace_dir=str(work / "traces"),
+                                     batch_scheduler_name=AGMARL_BATCH_SCHEDULER)
+        rt = ServiceRuntime(f"inference-batch-{cluster}", settings)
+        api = client.ApiClient(client.Configuration(host=standin.url))
+        api.rest_client.pool_manager.connection_pool_kw["maxsize"] = 16
+        cfg = BatchConfig(window_s=0.05, max_pods=batch, bind_timeout_s=30.0)
+        binder = start_batch_mode(rt, settings, policy=lambda: policy, api_client=api, cfg=cfg)
+        await rt.start()
+        await rt.bus.ensure_streams()
+        bus = await Bus.connect(nats.url, "bench-batch")
+        try:
+            await bus.publish(subjects.snapshot(cluster), m.ClusterSnapshot(
+                cluster=cluster, seq=1, time=time.time(), state=state_to_dict(ClusterState.empty(nodes)),
+                pending=[to_dict(p) for p in pods]))
+            while binder.state is None:
+                await asyncio.sleep(0.01)
+            led = binder.ledger
+            # encoded before the clock starts: in a cluster the state-collector, another process, encodes them
+            now = time.time()
+            wire = [m.encode(m.PendingPod(cluster=cluster, pod=to_dict(p), seen_at=now, seq=1)) for p in pods]
+            t0 = time.perf_counter()
+            for data in wire:
+                await bus.publish(subjects.pending(cluster), data)
+            decided_at = bound_at = None
+            while bound_at is None and time.perf_counter() - t0 < 600:
+                c = led.counts()
+                if decided_at is None and len(led.entries) == len(pods) and \
+                        c["binding"] + c["bound"] + c["unschedulable"] == len(pods):
+                    decided_at = time.perf_counter() - t0
+                if c["bound"] + c["unschedulable"] == len(pods) and len(led.entries) == len(pods):
+                    bound_at = time.perf_counter() - t0
+                await asyncio.sleep(0.01)
+            return {"decided_s": decided_at, "bound_s": bound_at, "batches": binder.batches,
+                    "bound": len(standin.bindings), "counts": led.counts()}
+        finally:
+            await binder.stop()
+            await bus.close()
+            await rt.shutdown()
+            api.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nodes", default="openb:all")
+    ap.add_argument("--workload", default="openb:default")
+    ap.add_argument("--pods", type=int, default=2000)
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--policies", nargs="+", default=["kube-default", "model:default"])
+    ap.add_argument("--batch-sizes", nargs="+", type=int, default=[64, 256, 2000])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--binder", action="store_true", help="also through the batch binder and the stand-in API")
+    ap.add_argument("--binder-batch", type=int, default=256, help="the binder's max_pods")
+    args = ap.parse_args()
+    nodes, pods, warm, workload = load(args)
+    print(f"batch throughput: {len(pods)} pending pods ({args.workload}, inflation order, seed {args.seed}) "
+          f"on {len(nodes)} nodes ({args.nodes}); target >= {TARGET:.0f} pods/s")
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
+    for name in args.policies:
+        for batch in args.batch_sizes:
+            walls, cpus, placed = [], [], 0
+            for _ in range(args.repeats):
+                policy = make_policy(name, args.seed, workload, nodes, warm)  # fresh caches each run
+                wall, cpu, placed = in_process(policy, nodes, pods, batch)
+                walls.append(wall)
+                cpus.append(cpu)
+            rate = len(pods) / statistics.median(walls)
+            verdict = "met" if rate >= TARGET else "missed"
+            print(f"  in-process  {name:14s} batch {batch:5d}: {rate:7.0f} pods/s wall (best "
+                  f"{len(pods) / min(walls):.0f}), {len(pods) / statistics.median(cpus):7.0f} pods/CPU-s; "
+                  f"{placed}/{len(pods)} placed; target {verdict}")
+    if args.binder:
+        work = Path(tempfile.mkdtemp(prefix="agmarl-batch-bench-"))
+        for name in args.policies:
+            policy = make_policy(name, args.seed, workload, nodes, warm)
+            r = asyncio.run(through_binder(policy, nodes, pods, args.binder_batch, work))
+            decided = len(pods) / r["decided_s"] if r["decided_s"] else float("nan")
+            bound = len(pods) / r["bound_s"] if r["bound_s"] else float("nan")
+            print(f"  binder      {name:14s} batch {args.binder_batch:5d}: {decided:7.0f} pods/s decided, "
+                  f"{bound:7.0f} pods/s bound ({r['bound']} Bindings accepted by the STAND-IN API, "
+                  f"{r['batches']} batches; ledger {r['counts']})")
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()
