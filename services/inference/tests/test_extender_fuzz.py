@@ -183,13 +183,13 @@ container = st.fixed_dictionaries({"name": st.text(max_size=5)}, optional={
 selector_term = st.fixed_dictionaries({"matchExpressions": st.lists(st.fixed_dictionaries({
     "key": st.sampled_from(["kubernetes.io/hostname", "zone", ""]) | anything,
     "operator": st.sampled_from(["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt", "Bogus"]),
-    "values": st.lists(st.text(max_size=6) | st.integers(), max_size=3)}), max_size=2)})
+    "values": st.lists(st.text(max_size=6) | st.integers(), max_size=2)}), max_size=2)})
 pod_term = st.fixed_dictionaries({"topologyKey": st.sampled_from(["kubernetes.io/hostname", ""]) | anything},
                                  optional={"labelSelector": st.fixed_dictionaries({}, optional={
                                      "matchLabels": st.dictionaries(st.text(max_size=5), st.text(max_size=5)
                                                                     | anything, max_size=2)})})
-spec = st.fixed_dictionaries({"containers": st.lists(container, max_size=3)}, optional={
-    "initContainers": st.lists(container, max_size=2),
+spec = st.fixed_dictionaries({"containers": st.lists(container, max_size=2)}, optional={
+    "initContainers": st.lists(container, max_size=1),
     "overhead": resources,
     "nodeName": name,
     "nodeSelector": st.dictionaries(st.text(max_size=8), st.text(max_size=8) | anything, max_size=2),
@@ -201,16 +201,16 @@ spec = st.fixed_dictionaries({"containers": st.lists(container, max_size=3)}, op
     "affinity": st.fixed_dictionaries({}, optional={
         "nodeAffinity": st.fixed_dictionaries({}, optional={
             "requiredDuringSchedulingIgnoredDuringExecution": st.fixed_dictionaries(
-                {"nodeSelectorTerms": st.lists(selector_term, max_size=2)}),
+                {"nodeSelectorTerms": st.lists(selector_term, max_size=1)}),
             "preferredDuringSchedulingIgnoredDuringExecution": st.lists(st.fixed_dictionaries(
-                {"weight": st.integers(-5, 200) | anything, "preference": selector_term}), max_size=2)}),
+                {"weight": st.integers(-5, 200) | anything, "preference": selector_term}), max_size=1)}),
         "podAffinity": st.fixed_dictionaries({}, optional={
-            "requiredDuringSchedulingIgnoredDuringExecution": st.lists(pod_term, max_size=2)}),
+            "requiredDuringSchedulingIgnoredDuringExecution": st.lists(pod_term, max_size=1)}),
         "podAntiAffinity": st.fixed_dictionaries({}, optional={
-            "requiredDuringSchedulingIgnoredDuringExecution": st.lists(pod_term, max_size=2)})}),
+            "requiredDuringSchedulingIgnoredDuringExecution": st.lists(pod_term, max_size=1)})}),
     "topologySpreadConstraints": st.lists(st.fixed_dictionaries({
         "maxSkew": st.integers(-2, 5) | anything, "topologyKey": st.text(max_size=10),
-        "whenUnsatisfiable": st.sampled_from(["DoNotSchedule", "ScheduleAnyway", "?"])}), max_size=2),
+        "whenUnsatisfiable": st.sampled_from(["DoNotSchedule", "ScheduleAnyway", "?"])}), max_size=1),
     "resources": st.fixed_dictionaries({}, optional={"requests": resources}),
 })
 metadata = st.fixed_dictionaries({"name": name, "namespace": namespace}, optional={
@@ -258,7 +258,7 @@ def mutated(draw, base: st.SearchStrategy) -> Any:
 
 node_list = st.fixed_dictionaries({"metadata": st.just({}), "items": st.lists(
     st.sampled_from(NODE_OBJECTS).map(copy.deepcopy) | mutated(st.sampled_from(NODE_OBJECTS)), max_size=4)})
-some_pod = pod | st.just(SAMPLE_POD) | mutated(st.just(SAMPLE_POD)) | mutated(pod) | anything
+some_pod = pod | st.just(SAMPLE_POD) | mutated(st.just(SAMPLE_POD)) | anything
 node_names = st.lists(name, max_size=12) | st.lists(st.sampled_from(NODE_NAMES), min_size=30, max_size=50)
 extender_args = st.fixed_dictionaries({"Pod": some_pod}, optional={
     "Nodes": st.none() | node_list | anything, "NodeNames": st.none() | node_names | anything})
