@@ -44,6 +44,8 @@ Settings changed for this test (environment of the services; production defaults
 
 from __future__ import annotations
 
+import bisect
+
 import asyncio
 import functools
 import hashlib
@@ -134,24 +136,28 @@ def infeasible_bindings(snapshots: Mapping[int, m.ClusterSnapshot],
                         binds: Sequence[m.ClusterEvent]) -> tuple[list[str], int]:
     """Replay every ``pod_bound`` event against the state it was applied to and re-run the hard filter.
 
-    The state-collector stamps an event with the seq of the last snapshot it published; the binds of
-    seq N were applied, in publish order, to snapshot N's state plus the binds before them (the
-    simulator advances only after them). Returns (problems, binds checked); a bind whose snapshot is
-    missing or whose pod was not pending there is a problem too."""
+    The state-collector stamps snapshots and events with one sequence (a snapshot includes every event
+    before it); the binds after snapshot N, up to the simulator's next step, were applied in order to
+    snapshot N's state plus the binds before them. Returns (problems, binds checked); a bind with no
+    snapshot before it, or whose pod was not pending there, is a problem too."""
     problems: list[str] = []
     checked = 0
+    snap_seqs = sorted(snapshots)
     by_seq: dict[int, list[m.ClusterEvent]] = defaultdict(list)
     for ev in binds:
-        if ev.type == "pod_bound":
-            by_seq[ev.seq].append(ev)
-    for seq, events in sorted(by_seq.items()):
-        snap = snapshots.get(seq)
-        if snap is None:
-            problems.append(f"no snapshot {seq} for the binds of {[e.pod_key for e in events]}")
+        if ev.type != "pod_bound":
             continue
+        k = bisect.bisect_left(snap_seqs, ev.seq) - 1
+        if k < 0:
+            problems.append(f"no snapshot before the bind of {ev.pod_key} (seq {ev.seq})")
+            continue
+        by_seq[snap_seqs[k]].append(ev)
+    for seq, events in sorted(by_seq.items()):
+        snap = snapshots[seq]
         state = state_from_dict(snap.state)
         pending = {p.key: p for p in map(pod_from_dict, snap.pending)}
-        nxt = snapshots.get(seq + 1)
+        later = [q for q in snap_seqs if q > seq]
+        nxt = snapshots[later[0]] if later else None
         devices = {f"{p.get('namespace', 'default')}/{p['name']}": tuple(p.get("gpu_devices", ()))
                    for pods in (bound_pod_dicts(nxt.state) if nxt else []) for p in pods}
         for ev in events:
@@ -185,17 +191,17 @@ def test_detector_flags_hand_made_infeasible_bindings():
     picky = Pod("picky", 100, 64, node_selector={"disk": "ssd"})
     snaps = {1: _snapshot(1, state, [a, b, huge, picky])}
     cases = [
-        ([_bound(1, a, "small"), _bound(1, huge, "big")], 0),  # both fit
-        ([_bound(1, huge, "small")], 1),  # 2 cores on a 1-core node
-        ([_bound(1, picky, "big")], 1),  # nodeSelector: no node has disk=ssd
-        ([_bound(1, a, "small"), _bound(1, b, "small")], 1),  # each fits alone, not both: binds replay in order
-        ([_bound(2, a, "big")], 1),  # no snapshot to check against
-        ([_bound(1, Pod("ghost", 1, 1), "big")], 1),  # not pending there
+        ([_bound(2, a, "small"), _bound(3, huge, "big")], 0),  # both fit
+        ([_bound(2, huge, "small")], 1),  # 2 cores on a 1-core node
+        ([_bound(2, picky, "big")], 1),  # nodeSelector: no node has disk=ssd
+        ([_bound(2, a, "small"), _bound(3, b, "small")], 1),  # each fits alone, not both: binds replay in order
+        ([_bound(1, a, "big")], 1),  # no snapshot before it to check against
+        ([_bound(2, Pod("ghost", 1, 1), "big")], 1),  # not pending there
     ]
     for binds, want in cases:
         problems, _ = infeasible_bindings(snaps, binds)
         assert len(problems) == want, (binds, problems)
-    problems, checked = infeasible_bindings(snaps, [_bound(1, a, "small"), _bound(1, b, "small")])
+    problems, checked = infeasible_bindings(snaps, [_bound(2, a, "small"), _bound(3, b, "small")])
     assert checked == 2 and "NodeResourcesFit" in problems[0] and "default/b" in problems[0]
 
 
