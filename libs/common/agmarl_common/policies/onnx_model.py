@@ -289,7 +289,10 @@ class OnnxModelPolicy(PolicyBase):
             return np.zeros(0)
         with self._lock:
             g = self.graph([pod], state, [candidates])
-            return self.forward(g)[1].astype(np.float64)
+            emb, logits, attention = self.forward(g)
+            # the decision that follows may ask why (``explain``): it reads this pass instead of running it again
+            self._last = (pod, state, np.asarray(candidates, np.int64).tobytes(), g, emb, logits, attention)
+            return logits.astype(np.float64)
 
     def score_batch(self, pods: Sequence[Pod], state: ClusterState,
                     candidates_list: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -359,8 +362,12 @@ class OnnxModelPolicy(PolicyBase):
         if cand.size == 0:
             return {"policy": self.name, "model_version": self.version, "candidates": 0}
         with self._lock:
-            g = self.graph([pod], state, [cand])
-            emb, logits, attention = self.forward(g)
+            last = getattr(self, "_last", None)
+            if last is not None and last[0] is pod and last[1] is state and last[2] == cand.tobytes():
+                g, emb, logits, attention = last[3:]  # the pass ``score`` just ran for this very decision
+            else:
+                g = self.graph([pod], state, [cand])
+                emb, logits, attention = self.forward(g)
             names = [state.nodes[i].name for i in cand]
             order = np.argsort(-attention, kind="stable")[:top]
             best = int(np.argmax(logits))
