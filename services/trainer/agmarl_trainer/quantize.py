@@ -33,7 +33,9 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime
 from onnx import helper, numpy_helper
+from onnxruntime.quantization import QuantType, quantize_dynamic
 
 from agmarl_common import modelstore
 
@@ -97,14 +99,13 @@ def quantize_graph(src: Path, dst: Path, cfg: QuantizeConfig) -> dict:
     weights = _matmuls(model)
     exclude = sorted(name for name, w in weights.items() if w.removesuffix(".T") in cfg.keep_float)
     if cfg.method == "dynamic":
-        from onnxruntime.quantization import QuantType, quantize_dynamic  # noqa: PLC0415
-
         with tempfile.TemporaryDirectory() as tmp:
             mid = Path(tmp) / src.name
             onnx.save(model, mid)
             quantize_dynamic(mid, dst, weight_type=QuantType.QInt8, per_channel=cfg.per_channel,
                              nodes_to_exclude=exclude)
     else:
+        # imported here: importing it sets the root logger to INFO (every node it skips is logged)
         from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer  # noqa: PLC0415
 
         q = MatMulNBitsQuantizer(model, bits=8, block_size=cfg.block_size, is_symmetric=True, nodes_to_exclude=exclude)
@@ -122,14 +123,13 @@ def quantize_model(src_dir: str | Path, out_dir: str | Path, cfg: QuantizeConfig
     """Write the INT8 variant of the model folder ``src_dir`` to ``out_dir`` (module docstring); returns
     its manifest (unsigned: ``agmarl keys sign`` signs it). The source graphs must match its manifest's
     digests."""
-    import onnxruntime  # noqa: PLC0415
-
     src, out = Path(src_dir), Path(out_dir)
     raw = (src / modelstore.MANIFEST).read_bytes()
     source = modelstore.parse_manifest(raw, str(src))
     graphs = (modelstore.ENCODER_FILE, modelstore.ACTOR_FILE)
-    modelstore.verify_files({n: (src / n).read_bytes() for n in graphs}, {"files": {n: source["files"][n] for n in graphs}},
-                            str(src))  # never quantise graphs that are not the ones the manifest names
+    # never quantise graphs that are not the ones the manifest names
+    modelstore.verify_files({n: (src / n).read_bytes() for n in graphs},
+                            {"files": {n: source["files"][n] for n in graphs}}, str(src))
     version = str(source.get("version") or source["files"][modelstore.ACTOR_FILE][:12])
     out.mkdir(parents=True, exist_ok=True)
     summary = {name: quantize_graph(src / name, out / name, cfg) for name in graphs}
