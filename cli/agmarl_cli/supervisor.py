@@ -63,7 +63,8 @@ class System:
             return url
         # authenticated by default: seeds kept across runs, permissions regenerated from the catalogue
         self.creds = ensure_credentials(creds_dir())
-        self.nats = NatsServer(store_dir=str(self.root / "nats"), auth_config=self.creds.auth_config)
+        self.nats = NatsServer(store_dir=str(self.root / "nats"), auth_config=self.creds.auth_config,
+                               sync_interval="always")  # decisions and experience fsynced before the ack
         self.nats.start()
         self.nats_url = self.nats.url
         return self.nats_url

@@ -61,6 +61,7 @@ class Bus:
         self.name = name
         self.log = log or logging.getLogger(f"agmarl.bus.{name}")
         self.js: JetStreamContext = nc.jetstream()
+        self.stream_replicas = 0  # replicas of the streams this bus creates; 0 = each spec's own (1)
 
     @classmethod
     async def connect(cls, url: str, name: str, max_reconnect: int = -1, connect_timeout: float = 2.0,
@@ -194,7 +195,7 @@ class Bus:
             name=spec.name, description=spec.description or None, subjects=list(spec.subjects),
             storage=js_api.StorageType.FILE if spec.storage == "file" else js_api.StorageType.MEMORY,
             duplicate_window=spec.duplicate_window, max_age=spec.max_age or None, max_bytes=spec.max_bytes,
-            retention=js_api.RetentionPolicy.LIMITS)
+            retention=js_api.RetentionPolicy.LIMITS, num_replicas=self.stream_replicas or spec.replicas)
         try:
             info = await self.js.stream_info(spec.name)
         except NotFoundError:
@@ -219,11 +220,14 @@ class Bus:
 
     async def durable_subscribe(self, stream: str, subject: str, durable: str, cb: RawCallback,
                                 queue: str | None = None, ack_wait: float = 30.0, max_deliver: int = 5,
-                                deliver_new: bool = False) -> JetStreamContext.PushSubscription:
-        """Durable push consumer with manual acks: ``cb`` must ack/nak/term each message."""
+                                deliver_new: bool = False,
+                                max_ack_pending: int | None = None) -> JetStreamContext.PushSubscription:
+        """Durable push consumer with manual acks: ``cb`` must ack/nak/term each message. The deliver
+        policy applies when the consumer is created; an existing durable continues from its ack floor."""
         config = js_api.ConsumerConfig(
             ack_wait=ack_wait, max_deliver=max_deliver, ack_policy=js_api.AckPolicy.EXPLICIT,
-            deliver_policy=js_api.DeliverPolicy.NEW if deliver_new else js_api.DeliverPolicy.ALL)
+            deliver_policy=js_api.DeliverPolicy.NEW if deliver_new else js_api.DeliverPolicy.ALL,
+            max_ack_pending=max_ack_pending)
         return await self.js.subscribe(subject, queue=queue, durable=durable, stream=stream, cb=cb,
                                        manual_ack=True, config=config)
 

@@ -76,8 +76,13 @@ class NatsServer:
     def __init__(self, store_dir: str | Path | None = None, port: int | None = None, host: str = "127.0.0.1",
                  max_payload: int = DEFAULT_MAX_PAYLOAD, binary: str | None = None,
                  startup_timeout: float = 10.0, stop_timeout: float = 5.0, auth_config: str | Path | None = None,
-                 tls_cert_file: str | None = None, tls_key_file: str | None = None, tls_ca_file: str | None = None):
+                 tls_cert_file: str | None = None, tls_key_file: str | None = None, tls_ca_file: str | None = None,
+                 sync_interval: str | None = None):
         self.host = host
+        # JetStream fsync: "always" = before every ack (an acknowledged decision survives a machine crash, as
+        # deploy/nats/nats.conf and `agmarl up`; ~2.8 ms instead of ~0.3 ms per publish on a dev machine);
+        # None = the server's default (every 2 minutes: survives a process crash, not a machine crash)
+        self.sync_interval = sync_interval
         self.auth_config = Path(auth_config) if auth_config is not None else None
         self.tls = (tls_cert_file, tls_key_file, tls_ca_file) if tls_cert_file else None
         self.port = port or free_port(host)
@@ -106,6 +111,8 @@ class NatsServer:
     def _write_config(self) -> Path:
         conf = self.work_dir / "nats-server.conf"
         lines = [f"max_payload: {self.max_payload}\n"]
+        if self.sync_interval:
+            lines.append(f"jetstream {{ sync_interval: {self.sync_interval} }}\n")
         if self.auth_config is not None:  # copied in: nats-server includes relative paths only
             lines.append(self.auth_config.read_text(encoding="utf-8"))
         if self.tls is not None:

@@ -48,6 +48,17 @@ class HandlerContext:
     span: Span
     msg_id: str | None = None
     reply: str = ""
+    delivery: Msg | None = None  # a JetStream delivery (``handle_stream``), settled by the runtime ...
+    deferred: bool = False  # ... unless the handler took it over with ``defer_ack``
+
+    def defer_ack(self) -> Msg:
+        """Stream handlers: the runtime does not ack when the handler returns; the handler keeps the
+        returned delivery and acks it once the message is fully processed (one never acked is redelivered
+        after the consumer's ack_wait, to this process or the next)."""
+        if self.delivery is None:
+            raise RuntimeError("defer_ack: not a JetStream delivery")
+        self.deferred = True
+        return self.delivery
 
     async def publish(self, subject: str, msg: Message, js: bool = False, msg_id: str | None = None,
                       headers: dict[str, str] | None = None) -> None:
@@ -104,6 +115,7 @@ class ServiceRuntime:
         self._registrations: list[_Registration] = []
         self._subscriptions: list[Any] = []
         self._tasks: set[asyncio.Task] = set()
+        self._on_stop: list[Callable[[], Awaitable[None]]] = []
         self._stop = asyncio.Event()
         self._started = False
 
@@ -122,10 +134,15 @@ class ServiceRuntime:
 
     def handle_stream(self, stream: subjects.StreamSpec | str, subject: str, durable: str, cls: type[Message],
                       queue: str | None = None, max_bytes: int | None = None, ack_wait: float = 30.0,
-                      max_deliver: int = 5, deliver_new: bool = False) -> Callable[[Handler], Handler]:
-        """Decorator for a JetStream durable consumer: ack after the handler, term on bad input,
-        nak (redeliver) on a handler error until ``max_deliver``, then dead-letter and term."""
+                      max_deliver: int = 5, deliver_new: bool = False,
+                      max_ack_pending: int | None = None) -> Callable[[Handler], Handler]:
+        """Decorator for a JetStream durable consumer: ack after the handler (or later, ``ctx.defer_ack``),
+        term on bad input, nak (redeliver) on a handler error until ``max_deliver``, then dead-letter and
+        term. ``deliver_new``: a consumer created now starts at the stream's end (one that exists continues
+        where it stopped); ``max_ack_pending``: deliveries held unacked at most (None: the server's 1,000)."""
         consumer = {"ack_wait": ack_wait, "max_deliver": max_deliver, "deliver_new": deliver_new}
+        if max_ack_pending is not None:
+            consumer["max_ack_pending"] = max_ack_pending
         return self._register(_Registration(subject, cls, None, queue, max_bytes, None,  # type: ignore[arg-type]
                                             stream, durable, consumer))
 
@@ -152,6 +169,7 @@ class ServiceRuntime:
                                                  self.settings.metrics_port)
         self.bus = await Bus.connect(self.settings.nats_url, self.name, log=self.log,
                                      auth=NatsAuth.from_settings(self.settings, self.name))
+        self.bus.stream_replicas = self.settings.stream_replicas
         for subject in (subjects.health(self.name), subjects.health_all()):
             self._subscriptions.append(await self.bus.subscribe(subject, self._on_health))
         for reg in list(self._registrations):
@@ -210,8 +228,18 @@ class ServiceRuntime:
             await self.shutdown()
         return 0
 
+    def on_stop(self, fn: Callable[[], Awaitable[None]]) -> None:
+        """Run ``await fn()`` first thing at shutdown, while subscriptions still deliver (a flush of what
+        a service holds); a failing hook is logged and shutdown goes on."""
+        self._on_stop.append(fn)
+
     async def shutdown(self) -> None:
-        """Cancel background tasks, drain subscriptions, stop metrics, flush telemetry."""
+        """Stop hooks, cancel background tasks, drain subscriptions, stop metrics, flush telemetry."""
+        for fn in self._on_stop:
+            try:
+                await fn()
+            except Exception:  # noqa: BLE001 - shutdown must finish; the log has the traceback
+                self.log.exception("stop hook failed service=%s", self.name)
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
@@ -267,6 +295,8 @@ class ServiceRuntime:
     def default_health(self) -> str:
         if self.bus is None or not self.bus.is_connected:
             return "nats disconnected"
+        if not self._started:  # handlers (durable consumers) not subscribed yet
+            return "starting"
         for check in self._checks:
             reason = check()
             if reason:
@@ -326,7 +356,8 @@ class ServiceRuntime:
                                                kind=SpanKind.CONSUMER, attributes=attributes,
                                                record_exception=False, set_status_on_exception=False) as span:
             self.metrics.on_received(subject)
-            ctx = HandlerContext(self, subject, headers, span, headers.get(MSG_ID_HEADER), msg.reply or "")
+            ctx = HandlerContext(self, subject, headers, span, headers.get(MSG_ID_HEADER), msg.reply or "",
+                                 msg if reg.stream is not None else None)
             try:
                 result = await reg.fn(obj, ctx)
             except Exception as exc:
@@ -344,10 +375,12 @@ class ServiceRuntime:
                 self.log.error("handler returned %s, expected %s service=%s subject=%s",
                                type(result).__name__, reg.reply_cls.__name__, self.name, subject)
                 return "error", None
-            return "ok", result
+            return ("deferred" if ctx.deferred else "ok"), result
 
     @staticmethod
     async def _settle(msg: Msg, outcome: str, final: bool) -> None:
+        if outcome == "deferred":
+            return  # the handler acks it later (HandlerContext.defer_ack)
         if outcome == "ok":
             await msg.ack()
         elif outcome == "rejected" or final:

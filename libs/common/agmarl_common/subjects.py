@@ -64,6 +64,11 @@ def decision_wildcard(cluster: str = "*") -> str:
     return f"{PREFIX}.decision.{token(cluster)}.>"
 
 
+def durable(service: str, cluster: str) -> str:
+    """The durable consumer name of ``service`` for ``cluster`` (one per cluster: each keeps its own place)."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", f"{service}_{cluster}")[:TOKEN_MAX * 2]
+
+
 def reward(cluster: str) -> str:
     return f"{PREFIX}.reward.{token(cluster)}"
 
@@ -131,14 +136,16 @@ class StreamSpec:
     max_age: float = 0.0           # 0 = keep forever (bounded by max_bytes)
     max_bytes: int = 1024 ** 3
     description: str = ""
+    replicas: int = 1  # copies on a NATS cluster (deploy/k8s: 3, AGMARL_STREAM_REPLICAS); 1 on one server
 
 
 DECISIONS = StreamSpec(
     name="DECISIONS", subjects=(f"{PREFIX}.decision.>",), storage="file", duplicate_window=120.0,
-    description="Decision log: every scheduling decision, survives a NATS restart")
+    description="Decision log: every scheduling decision (Nats-Msg-Id = decision id), survives a NATS restart; "
+                "the binder and the reward-calculator read it through durable consumers")
 EXPERIENCE = StreamSpec(
     name="EXPERIENCE", subjects=(f"{PREFIX}.experience.>",), storage="file", duplicate_window=600.0,
-    description="Experience transitions for the trainer, deduplicated by Nats-Msg-Id")
+    description="Experience transitions for the trainer, deduplicated by Nats-Msg-Id (the decision id)")
 EVENTS = StreamSpec(
     name="EVENTS", subjects=(f"{PREFIX}.event.>",), storage="file", duplicate_window=120.0,
     max_age=24 * 3600.0, description="Cluster events (optional, one day)")
@@ -172,8 +179,9 @@ CATALOGUE: list[CatalogueEntry] = [
                    "Full cluster state with pending pods and utilisation statistics (epoch, seq shared with events); "
                    "inference reads only its pending list, in batch mode"),
     CatalogueEntry(f"{PREFIX}.event.{_C}", "event", "state-collector",
-                   ("graph-builder", "cli"), None,
-                   "Pod and node lifecycle outcomes in order (epoch, seq); pod_bound carries the pod"),
+                   ("graph-builder", "reward-calculator", "cli"), None,
+                   "Pod and node lifecycle outcomes in order (epoch, seq); pod_bound carries the pod (the "
+                   "reward-calculator rewards bound decisions only)"),
     CatalogueEntry(f"{PREFIX}.graph.{_C}", "graph_update", "graph-builder", ("inference",), None,
                    "The versioned whole-cluster graph: full states and ordered changes (cluster views replicate it)"),
     CatalogueEntry(f"{PREFIX}.graph_sync.{_C}", "graph_sync", "inference", ("graph-builder",), None,

@@ -220,6 +220,37 @@ async def test_stream_handler_acks_terms_and_retries(nats_url):
             await client.close()
 
 
+async def test_a_deferred_ack_waits_for_the_handler_and_stop_hooks_run_before_the_drain(nats_url):
+    name = f"jsd-{uuid.uuid4().hex[:6]}"
+    cluster = f"jsd{uuid.uuid4().hex[:6]}"
+    rt = ServiceRuntime(name, CommonSettings(nats_url=nats_url, cluster=cluster))
+    held, order = [], []
+
+    @rt.handle_stream(subjects.DECISIONS, subjects.decision_wildcard(cluster), f"{name}-log", Decision)
+    async def on_decision(msg: Decision, ctx: HandlerContext) -> None:
+        held.append(ctx.defer_ack())
+
+    async def flush() -> None:
+        order.append(("flush", rt.bus.is_connected))
+        await held[0].ack()
+    rt.on_stop(flush)
+    client = await Bus.connect(nats_url, "jsd-client")
+    try:
+        async with rt:
+            assert rt.health_status().status == "healthy"  # reported only once the consumers exist
+            await client.js_publish(subjects.decision(cluster, "ns"), Decision(
+                decision_id="d", cluster=cluster, namespace="ns", pod_key="ns/p", policy="p", mode="full",
+                seen_at=0.0, decided_at=0.0), msg_id=f"{cluster}-d")
+            assert await _until(lambda: len(held) == 1)
+            info = await client.js.consumer_info("DECISIONS", f"{name}-log")
+            assert info.num_ack_pending == 1  # the handler returned, the runtime did not ack
+        assert order == [("flush", True)]  # the hook ran while the connection was still up
+        info = await client.js.consumer_info("DECISIONS", f"{name}-log")
+        assert info.num_ack_pending == 0 and info.num_pending == 0
+    finally:
+        await client.close()
+
+
 ECHO_SERVICE = textwrap.dedent('''
     from agmarl_common.service import ServiceRuntime, run_service
     from agmarl_common.settings import CommonSettings, load_settings

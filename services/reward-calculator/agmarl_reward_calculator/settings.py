@@ -12,3 +12,6 @@ class RewardSettings(CommonSettings):
     load_threshold: float = 0.6  # load_conditional: balance weighted up below, utilisation above
     stress_load: float = 0.75  # lexicographic: SLA gets its own tier at or above this load ...
     stress_sla: float = 0.9  # ... or when the SLA component is below this
+    decision_ack_wait: float = 30.0  # seconds before a decision delivered to a process that died unacked is redelivered
+    settle_seconds: float = 60.0  # a decision whose pod stays pending this long is dropped unrewarded
+    flush_seconds: float = 2.0  # at SIGTERM: wait this long for a snapshot to settle bound decisions, then flush

@@ -22,7 +22,8 @@ from __future__ import annotations
 from typing import Any
 
 from agmarl_common import messages as m
-from agmarl_common.cluster.compact import bound_pod_dicts, compact_dict, drop_pending, pod_key_of
+from agmarl_common.cluster.compact import bound_pod_dicts, compact_dict, drop_pending, is_snapshot, pod_key_of, \
+    state_from_snapshot
 
 _BOUND = -1  # position of a pod found bound, not pending
 
@@ -33,6 +34,8 @@ class SnapshotView:
     def __init__(self, msg: m.ClusterSnapshot):
         self.msg = msg
         self._pods: dict[str, tuple[dict[str, Any], int]] | None = None
+        self._nodes: dict[str, int] = {}  # bound pod key -> node index
+        self._names: list[str] | None = None
         self._compact: dict[str, Any] | None = None
 
     @property
@@ -42,13 +45,30 @@ class SnapshotView:
     def reference(self) -> dict[str, Any]:
         return {"snapshot_seq": self.msg.seq, "time": self.msg.time, "stats": dict(self.msg.stats)}
 
+    @property
+    def epoch(self) -> str:
+        return self.msg.epoch
+
+    def placement(self, key: str) -> str | None:
+        """Where pod ``key`` is in this snapshot: its node's name when bound, "" when pending, None when
+        absent (never announced, departed, dropped)."""
+        found = self.pod(key)
+        if found is None:
+            return None
+        if found[1] != _BOUND:
+            return ""
+        if self._names is None:
+            self._names = node_names(self.msg.state)
+        return self._names[self._nodes[key]]
+
     def pod(self, key: str) -> tuple[dict[str, Any], int] | None:
         """(pod dict, position among pending or -1 when bound) of pod ``key``; None when absent."""
         if self._pods is None:
             pods: dict[str, tuple[dict[str, Any], int]] = {}
-            for row in bound_pod_dicts(self.msg.state):
+            for i, row in enumerate(bound_pod_dicts(self.msg.state)):
                 for p in row:
                     pods[pod_key_of(p)] = (p, _BOUND)
+                    self._nodes[pod_key_of(p)] = i
             for k, p in enumerate(self.msg.pending):
                 pods[pod_key_of(p)] = (p, k)
             self._pods = pods
@@ -64,6 +84,13 @@ class SnapshotView:
         if found[1] == _BOUND:  # the snapshot already shows the pod bound: rebuild without it (rare)
             return compact_dict(self.msg.state, self.msg.pending, without=key)
         return drop_pending(self._compact, found[1])
+
+
+def node_names(data: dict[str, Any]) -> list[str]:
+    """Node names in row order of a ``state_to_dict`` state or a compact snapshot."""
+    if is_snapshot(data):
+        return [nd.name for nd in state_from_snapshot(data).nodes]
+    return [nd["name"] for nd in data["nodes"]]
 
 
 def placed_pod(key: str, before: SnapshotView | None, after: SnapshotView) -> dict[str, Any] | None:

@@ -4,6 +4,13 @@ Simulator source: every tick the simulated cluster advances; events, a snapshot 
 need a decision are published. Each newly pending pod starts a trace (the decision's root span)
 that graph-builder and inference continue through the NATS headers. Decisions bind pods in the
 simulator; the simulator re-checks the hard filter before binding.
+
+Decisions arrive through a durable JetStream consumer on DECISIONS, acked once applied: one that
+arrived while this process was stopped, paused or cut off from NATS is delivered when it is back, one
+delivered again is applied at most once (the pod is no longer pending: counted stale). The simulated
+cluster lives in this process: a decision announced by an earlier collector (its ``seen_at`` is before
+this one started) was made for a cluster that is gone and is acked without being applied (counted as
+``agmarl_decisions_foreign_total``), even when a pod of the new run has the same name.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from agmarl_state_collector.simsource import SimulatedCluster
 from agmarl_state_collector.snapshots import SnapshotPublisher, snapshot_message
 
 SERVICE = "state-collector"
+SNAPSHOT_CPU_SHARE = 0.2  # snapshots (events carry every change between them) take at most this share of a core
 
 
 class CollectorApp:
@@ -35,8 +43,10 @@ class CollectorApp:
         self.settings = settings
         self.sim = sim
         self.epoch = uuid.uuid4().hex  # this run: a restarted collector resets every cluster view
+        self.started_at = time.time()  # every pod this process announces is seen at or after this
         self.seq = 0  # one sequence for events and snapshots (a snapshot includes every event before it)
         self.last_snapshot = float("-inf")
+        self.snapshot_cost = 0.0  # seconds the last snapshot took to build and publish
         self.finished = False  # a trace replay has decided every pod
         self.violations = 0
         self.snapshots = SnapshotPublisher(rt, settings.max_message_bytes)
@@ -47,6 +57,11 @@ class CollectorApp:
         self.stale_total = Counter("agmarl_decisions_stale_total",
                                    "Decisions for pods no longer pending (a duplicate announcement decided twice)",
                                    registry=reg)
+        self.unschedulable_total = Counter("agmarl_decisions_unschedulable_total",
+                                           "Decisions that found no node for a pending pod", registry=reg)
+        self.foreign_total = Counter("agmarl_decisions_foreign_total",
+                                     "Decisions for pods an earlier collector announced (its cluster is gone)",
+                                     registry=reg)
         self.pending_gauge = Gauge("agmarl_pending_pods", "Pods waiting for a node", registry=reg)
         self.sched_pending = Gauge("scheduler_pending_pods", "Pending pods, kube-scheduler naming", ["queue"],
                                    registry=reg)
@@ -59,11 +74,15 @@ class CollectorApp:
     async def on_decision(self, msg: m.Decision, ctx: HandlerContext) -> None:
         if msg.cluster != self.settings.cluster or msg.source != "loop":
             return  # extender and batch decisions are bound by kube-scheduler / the binder, not here
+        if msg.seen_at < self.started_at:  # announced by an earlier collector, for a cluster that is gone
+            self.foreign_total.inc()
+            return
         now = time.time()
-        if not self.sim.is_pending(msg.pod_key):  # a duplicate of a pod decided already: nothing to bind or refuse
+        if not self.sim.is_pending(msg.pod_key):  # decided already (a duplicate or a redelivery): nothing to do
             self.stale_total.inc()
             return
         if not msg.node:
+            self.unschedulable_total.inc()
             self.sim.unschedulable(msg.pod_key, now)
             await self.sim_progress()
             return
@@ -125,9 +144,10 @@ class CollectorApp:
             if ev.type == "pod_bound":
                 continue  # published when the decision is applied
             await self.publish_event(ev.type, ev.pod_key, ev.node, ev.reason, at=ev.time)
-        if time.monotonic() - self.last_snapshot >= s.snapshot_seconds:
+        if time.monotonic() - self.last_snapshot >= max(s.snapshot_seconds, self.snapshot_cost / SNAPSHOT_CPU_SHARE):
             self.last_snapshot = time.monotonic()
             await self.publish_snapshot()
+            self.snapshot_cost = time.monotonic() - self.last_snapshot
         await self.announce_due()
 
     async def publish_snapshot(self) -> None:
@@ -195,7 +215,11 @@ async def main() -> int:
         rt.log.error("cluster source: %s", exc)
         return 2
     app = CollectorApp(rt, settings, sim)
-    rt.handle(subjects.decision_wildcard(settings.cluster), m.Decision)(app.on_decision)
+    # durable: decisions wait in the stream while this process is down; a new consumer starts at the end of
+    # the stream (an earlier run's decisions are not replayed into this cluster)
+    rt.handle_stream(subjects.DECISIONS, subjects.decision_wildcard(settings.cluster),
+                     subjects.durable(SERVICE, settings.cluster), m.Decision, ack_wait=settings.decision_ack_wait,
+                     deliver_new=True)(app.on_decision)
     await rt.start()
     rt.spawn(app.run_loop(), name="simulator-loop")
     return await rt.run_until_stopped()
