@@ -1,5 +1,11 @@
-"""Start and stop the local system: an embedded NATS server (unless NATS_URL is set) and the six
-services as separate processes. Every process is ours, tracked by PID and stopped by PID."""
+"""Start, supervise and stop the local system: an embedded NATS server (unless NATS_URL is set) and the
+six services as separate processes. Every process is ours, tracked by PID and stopped by PID.
+
+``System.supervise()`` restarts what died: a service with the same environment (credentials, metrics and
+extender ports), the embedded nats-server on the same port, store and configuration (the services'
+connections reconnect by themselves), each after an exponential backoff (``restart_delay``) that starts
+over once the process has stayed up ``STABLE_AFTER_S``. Every exit and restart is counted (``report()``).
+"""
 
 from __future__ import annotations
 
@@ -11,12 +17,63 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from agmarl_common import permissions
 from agmarl_common.natsauth import Credentials, NatsAuth, ensure_credentials, seed_path
 from agmarl_common.natsserver import NatsServer, free_port
 
 SERVICES = ("state-collector", "graph-builder", "inference", "reward-calculator", "adaptive-engine", "trainer")
+NATS = "nats-server"  # the embedded server's name in restart reports
+RESTART_BASE_S = 0.5  # the first restart's delay; doubled for each quick exit in a row ...
+RESTART_CAP_S = 30.0  # ... up to this
+STABLE_AFTER_S = 60.0  # a process up this long has its backoff start over
+
+
+def restart_delay(failures: int, base: float = RESTART_BASE_S, cap: float = RESTART_CAP_S) -> float:
+    """Seconds before restarting a process that exited ``failures`` times in a row (1 = the first)."""
+    return min(cap, base * 2.0 ** max(0, failures - 1))
+
+
+class Event(NamedTuple):
+    """What one supervision round did to one process: ``kind`` "exited", "restarted" or "failed" (to start)."""
+
+    name: str
+    kind: str
+    text: str
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.text}"
+
+
+@dataclass
+class Supervised:
+    """One supervised process: its exit codes, how often it was restarted, when the next start is due."""
+
+    restarts: int = 0
+    exits: list[int] = field(default_factory=list)
+    failures: int = 0  # exits in a row without STABLE_AFTER_S up in between: the backoff's exponent
+    started_at: float = 0.0  # monotonic
+    due: float | None = None  # when the next start is due; None while it runs
+
+    def exited(self, code: int | None, now: float) -> float:
+        """Record an exit (or, ``code`` None, a failed start) at ``now``; returns the delay before the next start."""
+        self.failures = 1 if code is not None and now - self.started_at >= STABLE_AFTER_S else self.failures + 1
+        if code is not None:
+            self.exits.append(code)
+        delay = restart_delay(self.failures)
+        self.due = now + delay
+        return delay
+
+    def restarted(self, now: float) -> int:
+        self.due = None
+        self.restarts += 1
+        self.started_at = now
+        return self.restarts
+
+    def report(self) -> dict:
+        return {"restarts": self.restarts, "exits": [f"exited {code}" for code in self.exits],
+                "running": self.due is None}
 
 
 def module_of(service: str) -> str:
@@ -45,6 +102,8 @@ class System:
     # each service's /metrics port for this run (one environment for all six cannot give each its own)
     metrics_ports: dict[str, int] = field(default_factory=lambda: {s: free_port() for s in SERVICES})
     creds: Credentials | None = None  # the NATS identities (None: an external NATS without them)
+    supervised: dict[str, Supervised] = field(default_factory=dict)  # services and NATS, by name
+    extra_env: dict[str, str] = field(default_factory=dict)  # what start_services was given, for restarts
 
     @property
     def trace_dir(self) -> Path:
@@ -66,6 +125,7 @@ class System:
         self.nats = NatsServer(store_dir=str(self.root / "nats"), auth_config=self.creds.auth_config,
                                sync_interval="always")  # decisions and experience fsynced before the ack
         self.nats.start()
+        self.supervised[NATS] = Supervised(started_at=time.monotonic())
         self.nats_url = self.nats.url
         return self.nats_url
 
@@ -99,14 +159,64 @@ class System:
                        services: tuple[str, ...] = SERVICES) -> None:
         self.trace_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.extra_env = dict(extra_env or {})
         for service in services:
-            log = self.log_dir / f"{service}.log"
-            self.logs[service] = log
-            with open(log, "ab") as fh:
-                self.procs[service] = subprocess.Popen(
-                    [sys.executable, "-m", module_of(service)], env=self.service_env(service, extra_env),
-                    stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+            self.start_service(service)
         self.write_run_file()
+
+    def start_service(self, service: str) -> subprocess.Popen:
+        """Start (or restart) one service; its output is appended to its log."""
+        log = self.log_dir / f"{service}.log"
+        self.logs[service] = log
+        with open(log, "ab") as fh:
+            self.procs[service] = subprocess.Popen(
+                [sys.executable, "-m", module_of(service)], env=self.service_env(service, self.extra_env),
+                stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        self.supervised.setdefault(service, Supervised()).started_at = time.monotonic()
+        return self.procs[service]
+
+    def supervise(self, now: float | None = None) -> list[Event]:
+        """One supervision round (blocking: a NATS start waits for the server, up to its startup timeout):
+        record what exited, restart what is due. Returns what it did (``str(event)``: a line for the operator)."""
+        now = time.monotonic() if now is None else now
+        events = self._supervise_nats(now)
+        for name, proc in self.procs.items():
+            sup = self.supervised.setdefault(name, Supervised(started_at=now))
+            if sup.due is None and proc.poll() is not None:
+                delay = sup.exited(proc.returncode, now)
+                events.append(Event(name, "exited",
+                                    f"exited {proc.returncode}; restart {sup.restarts + 1} in {delay:.1f}s"))
+            elif sup.due is not None and now >= sup.due:
+                pid = self.start_service(name).pid
+                events.append(Event(name, "restarted", f"restarted (restart {sup.restarted(now)}, pid {pid})"))
+        if any(event.kind == "restarted" for event in events):
+            self.write_run_file()
+        return events
+
+    def _supervise_nats(self, now: float) -> list[Event]:
+        sup = self.supervised.get(NATS)
+        if self.nats is None or sup is None:
+            return []  # an external server: not ours to restart
+        events: list[Event] = []
+        if sup.due is None and not self.nats.running:
+            code = self.nats.stop()  # reaps it: the exit code
+            delay = sup.exited(code if code is not None else 0, now)
+            events.append(Event(NATS, "exited", f"exited {sup.exits[-1]}; restart {sup.restarts + 1} in {delay:.1f}s"))
+        if sup.due is not None and now >= sup.due:
+            try:
+                self.nats.start()  # same port, store directory and configuration (credentials)
+            except (RuntimeError, TimeoutError, OSError) as exc:
+                events.append(Event(NATS, "failed", f"failed to start ({exc}); next try in "
+                                                    f"{sup.exited(None, now):.1f}s"))
+                return events
+            restart = sup.restarted(time.monotonic())
+            events.append(Event(NATS, "restarted",
+                                f"restarted (restart {restart}, pid {self.nats.pid}, {self.nats_url})"))
+        return events
+
+    def report(self) -> dict[str, dict]:
+        """Per supervised process: restarts, exits ("exited -9"), running now."""
+        return {name: sup.report() for name, sup in self.supervised.items()}
 
     def write_run_file(self) -> None:
         info = {"run_id": self.run_id, "nats_url": self.nats_url, "trace_dir": str(self.trace_dir),
@@ -129,7 +239,9 @@ class System:
         """Services whose process has ended, with their exit code."""
         return {name: p.returncode for name, p in self.procs.items() if p.poll() is not None}
 
-    def stop_services(self, timeout: float = 10.0) -> dict[str, int | None]:
+    def stop_services(self, timeout: float = 20.0) -> dict[str, int | None]:
+        """SIGTERM to every service, SIGKILL to those still running after ``timeout`` (a service's own clean
+        shutdown may take ~12 s: stop hooks, 5 s for its tasks, 5 s to drain its subscriptions)."""
         for p in self.procs.values():
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)

@@ -15,7 +15,8 @@ from agmarl_cli.supervisor import SERVICES, System, state_dir
 from agmarl_common.bus import Bus
 from agmarl_common.telemetry import read_spans
 
-STARTUP_TIMEOUT = 60.0
+STARTUP_TIMEOUT = 60.0  # the start gate: every service healthy within this, however loaded the machine
+PROBE_TIMEOUTS = (1.0, 2.0, 4.0, 8.0)  # one health probe's wait, longer on each try (the last one repeats)
 
 
 def render(mon: Monitor, elapsed: float, services: dict[str, str]) -> str:
@@ -54,36 +55,46 @@ async def run_up(duration: float | None, summary_path: str | None, view: bool, e
     mon = Monitor(cluster=cluster)
     services: dict[str, str] = {s: "starting" for s in SERVICES}
     started = time.monotonic()
+    ended = "stopped by a signal"  # why the run ended; anything but the duration or the replay is a short run
+    failed: SystemExit | None = None
     try:
         url = system.start_nats()
         # the trainer signs with a key of this state directory, the services trust it (docs/security.md)
         system.start_services({**local_model_keys(system.root), **env, "AGMARL_CLUSTER": cluster})
-        bus = await Bus.connect(url, name="agmarl-cli", auth=system.cli_auth())
+        bus = await Bus.connect(url, name="agmarl-cli", auth=system.cli_auth())  # reconnects after a NATS restart
         await mon.attach(bus)
         await wait_healthy(bus, system, services, stop)
         print(f"agmarl: cluster {cluster}: {system.endpoints()}", flush=True)
         started = time.monotonic()
-        last_print = 0.0
+        last_print = last_probe = 0.0
         while not stop.is_set():
             elapsed = time.monotonic() - started
             if duration is not None and elapsed >= duration:
+                ended = "duration"
                 break
             if result is not None and Path(result).exists():
                 done = json.loads(Path(result).read_text())
                 print(f"agmarl: replay finished: {done['pods']} pods, {done['scheduled']} scheduled, GPU allocation "
                       f"at 100 % arrived {done['gpu_alloc_100']:.2f} %, at 130 % {done['gpu_alloc_130']:.2f} % "
                       f"({result})", flush=True)
+                ended = "replay finished"
                 break
-            if system.exited():
-                print(f"agmarl: service exited: {system.exited()}", file=sys.stderr)
-                break
+            for event in await asyncio.to_thread(system.supervise):  # restarts what died, with backoff
+                print(f"agmarl: {event}", file=sys.stderr, flush=True)
+                if event.name in services:
+                    services[event.name] = "starting" if event.kind == "restarted" else f"{event.text}"
+            if elapsed - last_probe >= 5.0 and bus.is_connected and any(v != "healthy" for v in services.values()):
+                last_probe = elapsed  # the restarted ones: healthy again?
+                services.update(await probe_health(bus, [k for k, v in services.items() if v != "healthy"], 2.0))
             if view:
                 sys.stdout.write("\x1b[2J\x1b[H" + render(mon, elapsed, services) + "\n")
                 sys.stdout.flush()
             elif elapsed - last_print >= 5.0:
                 last_print = elapsed
+                restarts = sum(r["restarts"] for r in system.report().values())
                 print(f"t={elapsed:5.0f}s decisions={mon.decisions} bound={mon.pods_bound} "
-                      f"pending={int(mon.stats.get('pending', 0))}", flush=True)
+                      f"pending={int(mon.stats.get('pending', 0))} restarts={restarts}"
+                      f"{'' if bus.is_connected else ' nats=reconnecting'}", flush=True)
             try:
                 await asyncio.wait_for(stop.wait(), timeout=1.0)
             except asyncio.TimeoutError:
@@ -93,6 +104,9 @@ async def run_up(duration: float | None, summary_path: str | None, view: bool, e
             late = tuple(name for name, status in services.items() if status.startswith("no answer"))
             if late:  # one more chance, longer: an event loop busy for a few seconds is not a dead service
                 services.update(await check_health(bus, late, timeout=6.0))
+    except SystemExit as exc:  # the start gate failed: the summary still says what happened
+        failed = exc
+        ended = f"startup failed: {exc}"
     finally:
         elapsed = time.monotonic() - started
         if bus is not None:
@@ -106,21 +120,42 @@ async def run_up(duration: float | None, summary_path: str | None, view: bool, e
             services[name] = services.get(name) if services.get(name) not in ("starting", None) else \
                 f"exited with code {code}; see {system.logs.get(name)}"
     summary = build_summary(mon, services, system, elapsed)
+    summary.update(ended=ended, requested_duration_s=duration,
+                   short_run=ended not in ("duration", "replay finished"), supervision=system.report(),
+                   restarts=sum(r["restarts"] for r in system.report().values()))
     if summary_path:
         Path(summary_path).parent.mkdir(parents=True, exist_ok=True)
         Path(summary_path).write_text(json.dumps(summary, indent=2))
     print(json.dumps({k: summary[k] for k in ("decisions", "pods_bound", "constraint_violations",
-                                              "traces_complete", "decision_latency_ms")}))
+                                              "traces_complete", "decision_latency_ms", "ended", "restarts")}))
+    exits = {name: r for name, r in summary["supervision"].items() if r["exits"]}
+    if exits:
+        print(f"agmarl: exits and restarts: {json.dumps(exits)}", file=sys.stderr)
+    if failed is not None:
+        raise failed
     unhealthy = {name: status for name, status in services.items() if status != "healthy"}
     if unhealthy:
         print(f"agmarl: not healthy at the end: {unhealthy}; logs in {system.log_dir}", file=sys.stderr)
     return 1 if unhealthy else 0
 
 
+async def probe_health(bus: Bus, names: list[str], timeout: float) -> dict[str, str]:
+    """``check_health`` of several services at once (each waits ``timeout``, not one after the other)."""
+    answers = await asyncio.gather(*(check_health(bus, (name,), timeout=timeout) for name in names))
+    return {k: v for answer in answers for k, v in answer.items()}
+
+
 async def wait_healthy(bus: Bus, system: System, services: dict[str, str], stop: asyncio.Event) -> None:
+    """The start gate: every service answers "healthy" within STARTUP_TIMEOUT. Probes of the services not
+    healthy yet go out together and wait longer on each try (PROBE_TIMEOUTS), never past the deadline:
+    a service busy loading on a loaded machine answers late, not never."""
     deadline = time.monotonic() + STARTUP_TIMEOUT
+    attempt = 0
     while time.monotonic() < deadline and not stop.is_set():
-        services.update(await check_health(bus, SERVICES, timeout=0.5))
+        waiting = [name for name, status in services.items() if status != "healthy"]
+        timeout = min(PROBE_TIMEOUTS[min(attempt, len(PROBE_TIMEOUTS) - 1)], max(0.5, deadline - time.monotonic()))
+        services.update(await probe_health(bus, waiting, timeout))
+        attempt += 1
         if all(v == "healthy" for v in services.values()):
             return
         if system.exited():

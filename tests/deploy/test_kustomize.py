@@ -133,10 +133,23 @@ def test_agmarl_services_are_deployed_with_metrics_for_prometheus():
             env = {e["name"]: e.get("value") for e in container.get("env", [])}
             assert env["OTEL_SERVICE_NAME"] == service
     inference = pod_spec(one("hybrid", "Deployment", "inference"))["containers"][0]
-    assert inference["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert inference["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert inference["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}  # the extender's
     collector = pod_spec(one("hybrid", "Deployment", "state-collector"))["containers"][0]
     assert {"name": "AGMARL_SOURCE", "value": "kubernetes"} in collector["env"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_liveness_and_readiness_reflect_nats_and_handlers(overlay: str):
+    """Every service's liveness is the runtime's /healthz on its metrics port (NATS within its grace, event
+    loop beating, no handler stuck: libs/common/agmarl_common/health.py); readiness is a /readyz."""
+    for service in SERVICES:
+        container = pod_spec(one(overlay, "Deployment", service))["containers"][0]
+        live = container["livenessProbe"]
+        assert live["httpGet"] == {"path": "/healthz", "port": "metrics"}, service
+        assert live.get("timeoutSeconds", 1) >= 3, service  # a busy node answers late, not never
+        assert container["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}, service
+        assert container["readinessProbe"]["httpGet"]["path"] == "/readyz", service
+        assert {"name": "metrics", "containerPort": 9100} in container["ports"], service
 
 
 # --- RBAC ---------------------------------------------------------------------------------------

@@ -1,12 +1,15 @@
-"""End to end: `agmarl up` headless on a fresh state directory (its own embedded NATS), then the
-summary it writes, the decision log it leaves, and the CLI commands that read them."""
+"""End to end: `agmarl up` headless on a fresh state directory (its own embedded NATS), with one service
+killed with SIGKILL once the system is up (the supervisor restarts it), then the summary it writes, the
+decision log it leaves, and the CLI commands that read them."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -20,9 +23,29 @@ def up_run(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "AGMARL_NATS_URL")}
     env["AGMARL_STATE_DIR"] = str(root / ".state")
     summary = root / "summary.json"
-    proc = subprocess.run([*AGMARL, "up", "--duration", "20", "--summary", str(summary)], env=env, cwd=root,
-                          capture_output=True, text=True, timeout=180)
-    return proc, summary, env, root
+    proc = subprocess.Popen([*AGMARL, "up", "--duration", "25", "--summary", str(summary)], env=env, cwd=root,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    up = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("agmarl: cluster "):  # printed once every service answered healthy
+                up.set()
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        if up.wait(120):  # the adaptive-engine killed: `up` restarts it and counts the exit
+            pid = json.loads((root / ".state" / "run.json").read_text())["pids"]["adaptive-engine"]
+            os.kill(pid, signal.SIGKILL)
+        stderr = proc.communicate(timeout=180)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    reader.join(10)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "".join(lines), stderr), summary, env, root
 
 
 def test_up_headless_summary(up_run):
@@ -37,6 +60,16 @@ def test_up_headless_summary(up_run):
                               "adaptive-engine", "trainer")}
     assert s["traces_complete"] >= 0.9 * s["decisions"]
     assert 0 < s["decision_latency_ms"]["p50"] <= s["decision_latency_ms"]["p99"]
+    assert s["ended"] == "duration" and s["short_run"] is False
+
+
+def test_up_restarts_a_killed_service_and_reports_its_exit(up_run):
+    proc, summary, _, _ = up_run
+    s = json.loads(summary.read_text())
+    assert s["supervision"]["adaptive-engine"] == {"restarts": 1, "exits": ["exited -9"], "running": True}
+    assert s["restarts"] == 1
+    assert s["supervision"]["nats-server"] == {"restarts": 0, "exits": [], "running": True}
+    assert "adaptive-engine exited -9" in proc.stderr
 
 
 def test_up_leaves_no_process_and_no_run_file(up_run):

@@ -2,7 +2,9 @@
 metric families the service middleware maintains."""
 from __future__ import annotations
 
+import json
 import threading
+from collections.abc import Callable, Mapping
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, make_wsgi_app
@@ -29,13 +31,34 @@ def new_registry(process_metrics: bool = True) -> CollectorRegistry:
     return registry
 
 
-def start_metrics_server(registry: CollectorRegistry, host: str = "127.0.0.1", port: int = 0) -> int:
+Route = Callable[[], tuple[int, dict]]  # -> (HTTP status, JSON body), called on the server's thread
+
+
+def _with_routes(app: Callable, routes: Mapping[str, Route]) -> Callable:
+    """WSGI: ``routes`` (path -> JSON answer, e.g. /healthz and /readyz) before the metrics app."""
+    def routed(environ: dict, start_response: Callable) -> list[bytes]:
+        route = routes.get(environ.get("PATH_INFO", ""))
+        if route is None:
+            return app(environ, start_response)
+        code, body = route()
+        data = json.dumps(body).encode()
+        start_response(f"{code} {'OK' if code == 200 else 'Service Unavailable'}",
+                       [("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
+        return [data]
+    return routed
+
+
+def start_metrics_server(registry: CollectorRegistry, host: str = "127.0.0.1", port: int = 0,
+                         routes: Mapping[str, Route] | None = None) -> int:
     """Serve ``registry`` on http://host:port/metrics in a daemon thread; returns the bound port.
+    ``routes``: extra JSON endpoints (the runtime's /healthz and /readyz).
 
     Same server as prometheus_client.start_http_server, with a short poll interval so that
     ``stop_metrics_server`` returns in ~50 ms instead of up to 0.5 s.
     """
-    server = make_server(host, port, make_wsgi_app(registry), ThreadingWSGIServer, handler_class=_QuietHandler)
+    app = make_wsgi_app(registry)
+    server = make_server(host, port, _with_routes(app, routes) if routes else app, ThreadingWSGIServer,
+                         handler_class=_QuietHandler)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
                               name=f"metrics-{server.server_port}", daemon=True)
     thread.start()

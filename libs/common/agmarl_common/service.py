@@ -28,6 +28,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from . import subjects
 from .bus import ERROR_HEADER, MSG_ID_HEADER, Bus, trace_headers
+from .health import Beat, HealthLimits, judge
 from .messages import DecodeError, HealthStatus, Message, dead_letter, decode, encode
 from .natsauth import NatsAuth
 from .metrics import MiddlewareMetrics, new_registry, start_metrics_server, stop_metrics_server
@@ -112,6 +113,11 @@ class ServiceRuntime:
         self.started_at = 0.0
         self.clock: Callable[[], float] = time.time
         self._checks: list[Callable[[], str | None]] = []
+        # /healthz and /readyz (health.py): the heartbeat's last Beat, handlers running, NATS down since
+        self.health_limits = HealthLimits(settings.nats_grace_seconds, settings.handler_stuck_seconds)
+        self._beat: Beat | None = None
+        self._inflight: dict[int, tuple[str, float]] = {}
+        self._down_since: float | None = None
         self._registrations: list[_Registration] = []
         self._subscriptions: list[Any] = []
         self._tasks: set[asyncio.Task] = set()
@@ -166,7 +172,10 @@ class ServiceRuntime:
         self.tracer_provider = setup_tracing(self.name, self.settings.trace_dir)
         self.tracer = self.tracer_provider.get_tracer(f"agmarl.{self.name}")
         self.metrics_port = start_metrics_server(self.registry, self.settings.metrics_host,
-                                                 self.settings.metrics_port)
+                                                 self.settings.metrics_port,
+                                                 routes={"/healthz": lambda: self.probe("live"),
+                                                         "/readyz": lambda: self.probe("ready")})
+        self.spawn(self._heartbeat(), name="health-heartbeat")
         self.bus = await Bus.connect(self.settings.nats_url, self.name, log=self.log,
                                      auth=NatsAuth.from_settings(self.settings, self.name))
         self.bus.stream_replicas = self.settings.stream_replicas
@@ -288,6 +297,27 @@ class ServiceRuntime:
         """Context manager starting a span (the root of a trace when nothing is current)."""
         return self.tracer.start_as_current_span(name, attributes=attributes or None)
 
+    async def _heartbeat(self, interval: float = 0.5) -> None:
+        """Record a ``Beat`` twice a second; the metrics thread judges /healthz and /readyz from the last one,
+        so an event loop that stops running shows as a beat that ages."""
+        while True:
+            now = time.monotonic()
+            connected = self.bus is not None and self.bus.is_connected
+            if connected:
+                self._down_since = None
+            elif self._down_since is None:
+                self._down_since = now
+            oldest = min(list(self._inflight.values()), key=lambda h: h[1], default=None)
+            unhealthy = next((reason for reason in (check() for check in self._checks) if reason), None)
+            self._beat = Beat(now, self._started, connected, self._down_since, oldest, unhealthy)
+            await asyncio.sleep(interval)
+
+    def probe(self, which: str) -> tuple[int, dict]:
+        """``which`` = "live" (/healthz) or "ready" (/readyz): (200 or 503, JSON body). Any thread."""
+        verdict = judge(self._beat, time.monotonic(), self.health_limits)
+        ok = verdict.live if which == "live" else verdict.ready
+        return (200 if ok else 503), verdict.body(which)
+
     def add_health_check(self, check: Callable[[], str | None]) -> None:
         """``check`` returns None when fine or a reason string that makes the service unhealthy."""
         self._checks.append(check)
@@ -301,7 +331,8 @@ class ServiceRuntime:
             reason = check()
             if reason:
                 return reason
-        return "healthy"
+        verdict = judge(self._beat, time.monotonic(), self.health_limits)
+        return "healthy" if verdict.live else verdict.problems[0]  # a handler stuck
 
     def health_status(self) -> HealthStatus:
         try:
@@ -358,6 +389,7 @@ class ServiceRuntime:
             self.metrics.on_received(subject)
             ctx = HandlerContext(self, subject, headers, span, headers.get(MSG_ID_HEADER), msg.reply or "",
                                  msg if reg.stream is not None else None)
+            self._inflight[id(ctx)] = (subject, time.monotonic())  # a handler stuck makes /healthz fail
             try:
                 result = await reg.fn(obj, ctx)
             except Exception as exc:
@@ -370,6 +402,7 @@ class ServiceRuntime:
                     await self._dead_letter(subject, data, "handler_error", f"{type(exc).__name__}: {exc}")
                 return "error", None
             finally:
+                self._inflight.pop(id(ctx), None)
                 self.metrics.observe(subject, time.perf_counter() - started)
             if reg.reply_cls is not None and msg.reply and not isinstance(result, reg.reply_cls):
                 self.log.error("handler returned %s, expected %s service=%s subject=%s",

@@ -50,6 +50,8 @@ class CommonSettings(BaseModel):
     nats_tls_ca_file: str | None = None  # CA that signed the server's certificate (TLS on when set)
     nats_tls_cert_file: str | None = None  # client certificate and key, for a server that verifies clients
     nats_tls_key_file: str | None = None  # the client certificate's private key (PEM)
+    nats_grace_seconds: float = 30.0  # NATS unreachable longer than this fails /healthz (Kubernetes restarts it)
+    handler_stuck_seconds: float = 60.0  # a handler (or the event loop) stuck longer than this fails /healthz
     stream_replicas: int = 0  # replicas of the JetStream streams a service creates (3 on deploy/k8s's NATS cluster); 0 = 1
 
     @field_validator("log_level", mode="before")
