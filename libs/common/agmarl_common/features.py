@@ -211,6 +211,15 @@ class FeatureContext:
         (_, delta, after, dev), = self._memos([(pod_shape(pod), idx)], state)
         return delta[idx].copy(), after[idx].copy(), dev[idx].copy()
 
+    def device_on(self, pod: Pod, state: ClusterState, i: int) -> int:
+        """The device ``frag_after(pod, state, [i])`` gives when node i changed since this context last saw
+        it (-1: no device fits, or not a share), computed for that node alone: the other rows and the memos
+        are not refreshed (a batch arbiter asks this after each grant; the next ``_refresh`` catches up)."""
+        self._bind_nodes(state)
+        (_, dev), = placement_frag_many([(pod_shape(pod), np.array([i], np.int64))], state, self._access,
+                                        self._access_class, self.target)
+        return int(dev[0])
+
     def frag_after_batch(self, pods: Sequence[Pod], state: ClusterState, idx: np.ndarray,
                          pod_of: np.ndarray) -> tuple[np.ndarray, ...]:
         """``frag_after`` for many pairs at once: pair e places ``pods[pod_of[e]]`` on node ``idx[e]``.

@@ -320,14 +320,15 @@ class OnnxModelPolicy(PolicyBase):
             if self._context is None:
                 self._note([pod], state)
             state = self._canonical(state)
-            known = self._known_device(pod, state, node_index) if pod.is_gpu_share else None
-            if known is not None:
-                return known
-            return device_for(pod, state, node_index, self._context)
+            known = self._batch_device(pod, state, node_index) if pod.is_gpu_share else -2
+            if known == -2:
+                return device_for(pod, state, node_index, self._context)
+            return (known,) if known >= 0 else None
 
     def _remember_devices(self, pods: Sequence[Pod], state: ClusterState, g: HeteroGraph) -> None:
         """Keep the GPU share devices of the last ``score_batch`` graph (``cand_device``, per pod shape and
-        node): ``device_for`` gives the same device while the node's usage and the context are unchanged."""
+        node): ``device_for`` gives the same device while the node's usage and the context are unchanged
+        (``_batch_device``)."""
         by_shape: dict[tuple, np.ndarray] = {}
         bounds = np.cumsum(np.bincount(g.cand_pod, minlength=len(pods)))
         for k, p in enumerate(pods):
@@ -337,19 +338,22 @@ class OnnxModelPolicy(PolicyBase):
                 row[g.cand_node[lo:bounds[k]]] = g.cand_device[lo:bounds[k]]
         self._devices = (self._context, state, by_shape)
 
-    def _known_device(self, pod: Pod, state: ClusterState, i: int) -> tuple[int, ...] | None:
-        """``device_for``'s device from ``_remember_devices`` when node i is as it was then; None otherwise
-        (unknown, or no device fits: ``device_for`` decides)."""
+    def _batch_device(self, pod: Pod, state: ClusterState, i: int) -> int:
+        """``device_for``'s device (-1: none fits) for a share pod on node i of a state that follows the last
+        ``score_batch``: its graph's device while node i is as it was then, else computed for node i alone
+        (``FeatureContext.device_on``, what ``device_for`` recomputes for a changed node); -2 when the last
+        batch does not apply (another context or cluster, a pod shape or node it did not score)."""
         context, ref, by_shape = self._devices
-        row = by_shape.get(pod_shape(pod)) if context is self._context and ref.nodes is state.nodes else None
+        fits = ref is not None and context is self._context and ref.nodes is state.nodes
+        row = by_shape.get(pod_shape(pod)) if fits else None
         if row is None or row[i] == -2:
-            return None
+            return -2
         if state is not ref and (state.cpu_used[i] != ref.cpu_used[i] or state.mem_used[i] != ref.mem_used[i]
                                  or state.pods_used[i] != ref.pods_used[i]
                                  or state.schedulable[i] != ref.schedulable[i]
                                  or not np.array_equal(state.gpu_used[i], ref.gpu_used[i])):
-            return None
-        return (int(row[i]),) if row[i] >= 0 else None
+            return self._context.device_on(pod, state, i)
+        return int(row[i])
 
     # --- explanations ----------------------------------------------------------------------------
 
