@@ -163,6 +163,20 @@ def build_parser() -> argparse.ArgumentParser:
     lat.add_argument("--objective", default="composite", choices=("composite", "allocation"),
                      help="what the model optimises (composite adds the reward_gain input's cost)")
     lat.add_argument("--json", default=None, metavar="OUT.json")
+    ext = bsub.add_parser("extender", help="time the kube-scheduler extender adds per pod, driven as kube-scheduler "
+                          "v1.36 drives it (own nats-server + inference)")
+    ext.add_argument("--nodes", type=int, default=100)
+    ext.add_argument("--pods", type=int, default=2000)
+    ext.add_argument("--policy", default="kube-default", help="the policy inference serves (pinned)")
+    ext.add_argument("--mode", default="full", help="rollout mode")
+    ext.add_argument("--config", default="", help="scheduler configuration whose extender verbs are driven "
+                     "(default: deploy/k8s/overlays/full/scheduler-config.yaml)")
+    ext.add_argument("--verbs", default="", help="override: e.g. filter,prioritize,bind")
+    ext.add_argument("--budget-ms", type=int, default=100)
+    ext.add_argument("--watch-ms", type=float, default=50.0, help="the watch reports bindings this often")
+    ext.add_argument("--warmup", type=int, default=50)
+    ext.add_argument("--seed", type=int, default=0)
+    ext.add_argument("--json", default=None, metavar="OUT.json")
     return p
 
 
@@ -195,6 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "fidelity":
         from agmarl_cli.fidelity import fidelity_command  # noqa: PLC0415
         return fidelity_command(args.placements, args.policy, args.json, args.scores)
+    if args.cmd == "bench" and args.bcmd == "extender":
+        from agmarl_cli.extender_bench import ExtenderBenchSpec, extender_command  # noqa: PLC0415
+        return extender_command(ExtenderBenchSpec(
+            nodes=args.nodes, pods=args.pods, policy=args.policy, mode=args.mode, config=args.config,
+            verbs=args.verbs, budget_ms=args.budget_ms, watch_ms=args.watch_ms, warmup=args.warmup,
+            seed=args.seed), args.json)
     if args.cmd == "bench":
         from agmarl_cli.bench import BenchSpec, latency_command  # noqa: PLC0415
         spec = BenchSpec(nodes=args.nodes, batch=args.batch, model=args.model, steps=args.steps, warmup=args.warmup,

@@ -54,8 +54,7 @@ def test_scheduler_config_calls_the_inference_extender(overlay: str):
     assert config["percentageOfNodesToScore"] == 100
     (ext,) = config["extenders"]
     assert set(ext) <= EXTENDER_KEYS, set(ext) - EXTENDER_KEYS
-    assert ext["filterVerb"] == "filter" and ext["prioritizeVerb"] == "prioritize"
-    assert "bindVerb" not in ext and "managedResources" not in ext
+    assert ext["prioritizeVerb"] == "prioritize" and "managedResources" not in ext  # verbs: test_scheduler_verbs
     assert ext["ignorable"] is True and ext["nodeCacheCapable"] is True
     assert 0 < parse_duration(ext["httpTimeout"]) <= 5
     assert isinstance(ext["weight"], int) and ext["weight"] > 0

@@ -115,6 +115,7 @@ class Decision(Message):
     pod_key: str
     node: str = ""
     gpus: list[int] = []
+    bound_node: str = ""  # extender: the node kube-scheduler bound the pod to (bind verb or the watch); "" unknown
     policy: str
     model_version: str = ""
     mode: str

@@ -208,6 +208,7 @@ async def main() -> int:
     rt.health_details = lambda: {"policy": app.policy.name, "model_version": app.model_version,
                                  **app.models.details(), **app.replica.details()}
     extender = setup_extender(rt, app, settings, app.view, decisions=app.decisions)
+    app.replica.bound_listeners.append(extender.service.observed)  # held extender decisions learn their binding
     if settings.batch_scheduler_name:
         start_batch_mode(rt, settings, policy=lambda: app.policy, view=app.view)
     app.selection_loaded.clear()  # graph requests that arrive from now on wait for the KV selection

@@ -13,19 +13,33 @@ those nodes.
 Every answer is made within ``extender_budget_ms``: the state and default scores run on one thread
 pool, the active policy on another; whatever is late or failing is replaced (default scores for a
 slow/failed model or NATS down; the nodes passed through unchanged for a slow filter) and counted in
-``agmarl_extender_fallbacks_total{reason}``. Each prioritize answer (and a filter that rejects every
-node) becomes a Decision (source "extender") in the decision log, published off the request path.
+``agmarl_extender_fallbacks_total{reason}``. A filter that rejects every node becomes a Decision
+(source "extender") in the decision log at once, published off the request path.
+
+Between snapshots the extender accounts for its own choices, as kube-scheduler's cache does: each
+prioritize *assumes* its chosen node in the shared ``ClusterView`` (the pod's resources are taken at
+once, so the next pod sees them); the bind verb, when kube-scheduler's configuration enables it,
+confirms the node kube-scheduler actually chose (moving the assumption); the binding the watch
+observes (a ``bound`` change in graph-builder's updates) corrects it; an assumption never confirmed
+expires (``assume_ttl``). The scored decision is held (``pending``, by pod) until the binding is
+known and then published with ``bound_node`` (and ``node``) set to where the pod went, the
+extender's own choice in ``explanation.extender_choice``; one never bound is published after
+``assume_ttl`` without ``bound_node``. The verbs of one pod share one trace: the first verb's span
+(by pod uid) is the parent of the later verbs' spans and of the decision's publish span.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
 import uuid
-from typing import Any, Callable, Protocol
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import numpy as np
 from opentelemetry import trace
@@ -38,7 +52,8 @@ from agmarl_common.cluster.filters import feasible_mask
 from agmarl_common.cluster.model import ClusterState, Pod
 from agmarl_common.cluster.selectors import matches_label_selector
 from agmarl_common.cluster.view import ClusterView
-from agmarl_common.policies.base import Policy, admission_reason
+from agmarl_common.policies.base import Policy, admission_reason, admitted
+from agmarl_common.policies.kube import WeightedPluginsPolicy
 from agmarl_common.telemetry import extract
 from agmarl_inference.extender_log import DecisionPublisher
 from agmarl_inference.extender_scoring import (
@@ -72,6 +87,11 @@ log = logging.getLogger("agmarl.inference.extender")
 
 MODES = ("shadow", "recommend", "canary", "hybrid", "full")
 UNKNOWN_NODE = "node unknown to the agmarl extender's cluster cache"
+INLINE_STATE_NODES = 2_000  # requests naming at most this many nodes are judged on the event loop (below)
+LOGGED_SCORES = 128  # a decision logs the scores of its best nodes (and the chosen and bound ones) up to this
+MAX_PENDING = 4_096  # scored decisions awaiting their binding (~30 s at kube-scheduler's rate with a slow
+# watch); beyond this the oldest is published without its binding
+MAX_TRACES = 10_000  # pod uid -> the context of its first verb's span
 DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 5.0)
 
 
@@ -91,6 +111,30 @@ class PolicySource(Protocol):
 
 class Binder(Protocol):
     def bind(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+
+
+@dataclass
+class PendingDecision:
+    """A scored decision waiting for its binding (published then, with ``bound_node``)."""
+
+    pod: Pod
+    node: str  # the extender's choice (assumed in the view)
+    build: Callable[[str], m.Decision]  # bound node -> the decision
+    ctx: Any  # OpenTelemetry context of the pod's trace
+    at: float  # time.time() of the answer
+
+
+def with_binding(decision: m.Decision, node: str, how: str) -> m.Decision:
+    """The decision as logged once the binding is known (``how``: bind | watch | snapshot) or given up
+    (``node`` "", ``how`` the reason): ``bound_node`` and ``node`` are where the pod went; the extender's
+    own choice stays in ``explanation.extender_choice``."""
+    decision.explanation["extender_choice"] = decision.node
+    decision.explanation["binding"] = how
+    if node:
+        decision.bound_node = node
+        decision.node = node
+        decision.score = decision.scores.get(node, decision.score)
+    return decision
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,6 +175,8 @@ class ExtenderService:
         self._model_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="extender-model")
         self._model_slot = threading.Semaphore(1)  # one model computation at a time, never queued
         self._body_pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="extender-body")
+        self.pending: OrderedDict[str, PendingDecision] = OrderedDict()  # pod key -> decision awaiting its binding
+        self._traces: OrderedDict[str, Any] = OrderedDict()  # pod uid -> context of the pod's first verb span
 
     def close(self) -> None:
         self._state_pool.shutdown(wait=False, cancel_futures=True)
@@ -153,16 +199,32 @@ class ExtenderService:
         self.metrics.fallbacks.labels(reason=reason).inc()
         return reason
 
-    async def _run(self, pool: concurrent.futures.Executor, deadline: float, fn: Callable, *args: Any) -> Any:
+    async def _run(self, pool: concurrent.futures.Executor, deadline: float, fn: Callable, *args: Any,
+                   inline: bool = False) -> Any:
+        """``fn(*args)`` on ``pool`` within ``deadline``; ``inline``: on the event loop (a request of at most
+        ``INLINE_STATE_NODES`` nodes takes a millisecond or two there, less than the thread hop and the
+        GIL hand-offs it costs on a busy machine)."""
         remaining = deadline - time.perf_counter()
         if remaining <= 0:
             raise asyncio.TimeoutError
+        if inline:
+            return fn(*args)
         loop = asyncio.get_running_loop()
         return await asyncio.wait_for(loop.run_in_executor(pool, fn, *args), remaining)
 
-    def _span(self, verb: str, headers: Any):
-        return self.tracer.start_as_current_span(f"extender {verb}", context=extract(dict(headers or {})),
-                                                 kind=SpanKind.SERVER, attributes={"http.route": verb})
+    @contextlib.contextmanager
+    def _span(self, verb: str, headers: Any, uid: str = "") -> Iterator[trace.Span]:
+        """The verb's span: a child of the request's trace context when it carries one, else of the
+        first span of the same pod (by uid), so one pod's filter, prioritize and bind form one trace."""
+        carrier = dict(headers or {})
+        parent = self._traces.get(uid) if uid and "traceparent" not in carrier else None
+        with self.tracer.start_as_current_span(f"extender {verb}", context=parent or extract(carrier),
+                                               kind=SpanKind.SERVER, attributes={"http.route": verb}) as span:
+            if uid and parent is None:
+                self._traces[uid] = trace.set_span_in_context(span)
+                if len(self._traces) > MAX_TRACES:
+                    self._traces.popitem(last=False)
+            yield span
 
     @staticmethod
     def _pod(obj: dict[str, Any]) -> Pod:
@@ -231,12 +293,12 @@ class ExtenderService:
         pod = self._pod(args.Pod)
         src = self.source
         decides = returned_kind(src.mode, src.mode != "canary" or self.opted_in(pod), "") == "model"
-        with self._span("filter", headers) as span:
+        with self._span("filter", headers, pod.uid) as span:
             span.set_attribute("agmarl.pod", pod.key)
             fallback = ""
             try:
                 result = await self._run(self._state_pool, deadline, self._filter_sync, pod, args,
-                                         src.policy if decides else None)
+                                         src.policy if decides else None, inline=_small(args))
                 if result is None:
                     fallback = self.fallback("cache_cold")
                 else:
@@ -274,20 +336,32 @@ class ExtenderService:
 
     # --- prioritize -----------------------------------------------------------------------------------
 
-    def _prepare(self, pod: Pod, args: ExtenderArgs, default: Policy) -> tuple[RequestState, np.ndarray, Scored | None]:
-        """State, feasible candidate indexes (in request order) and the default scores."""
+    def _prepare(self, pod: Pod, args: ExtenderArgs, default: Policy, admit_by: Policy | None = None
+                 ) -> tuple[RequestState, np.ndarray, Scored | None]:
+        """State, feasible candidate indexes (in request order) and the default scores. ``admit_by``: the
+        active policy when it decides this pod; the nodes it does not admit (e.g. its load cap) are no
+        candidates and score 0 (without a filterVerb this is how the cap acts: the lowest score)."""
         req = request_state(pod, args, self.cache)
         if req.state is None:
             return req, np.zeros(0, np.int64), None
         known = np.array([i for i in req.idx if i is not None], dtype=np.int64)
         cand = known[feasible_mask(pod, req.state)[known]] if known.size else known
+        if admit_by is not None and cand.size:
+            cand = admitted(admit_by, pod, req.state, cand)
         return req, cand, score_policy(default, pod, req.state, cand) if cand.size else None
 
     async def _model(self, policy: Policy, default: Policy, pod: Pod, req: RequestState, cand: np.ndarray,
-                     base: Scored, deadline: float) -> tuple[Scored | None, str]:
-        """The active policy's scores, or (None, fallback reason)."""
+                     base: Scored, deadline: float, inline: bool = False) -> tuple[Scored | None, str]:
+        """The active policy's scores, or (None, fallback reason). ``inline``: a sum of kube-scheduler's
+        plugins (kube-default, kube-resources) scores a small request on the event loop, as the default
+        scores do; any other policy (the learned model) on its own thread, within the deadline."""
         if policy is default or policy.name == default.name:
             return base, ""
+        if inline and isinstance(policy, WeightedPluginsPolicy):  # kube-scheduler's plugins, as the defaults
+            try:
+                return score_policy(policy, pod, req.state, cand), ""
+            except Exception:  # noqa: BLE001
+                return None, self.fallback("model_error")
         if not self._model_slot.acquire(blocking=False):  # a slow model still runs: do not queue behind it
             return None, self.fallback("model_busy")
         try:
@@ -313,19 +387,22 @@ class ExtenderService:
         src = self.source
         policy, default, mode, version = src.policy, src.default, src.mode, src.model_version
         opted = mode != "canary" or self.opted_in(pod)
-        with self._span("prioritize", headers) as span:
+        with self._span("prioritize", headers, pod.uid) as span:
             span.set_attribute("agmarl.pod", pod.key)
             span.set_attribute("agmarl.mode", mode)
             fallback, req, cand, base, model = "", None, np.zeros(0, np.int64), None, None
             try:
-                req, cand, base = await self._run(self._state_pool, deadline, self._prepare, pod, args, default)
+                decides = returned_kind(mode, opted, "") == "model"
+                req, cand, base = await self._run(self._state_pool, deadline, self._prepare, pod, args, default,
+                                                  policy if decides else None, inline=_small(args))
                 if req.state is None:
                     fallback = self.fallback("cache_cold")
                 elif base is not None:
                     if not self.connected():
                         fallback = self.fallback("nats_down")
                     else:
-                        model, fallback = await self._model(policy, default, pod, req, cand, base, deadline)
+                        model, fallback = await self._model(policy, default, pod, req, cand, base, deadline,
+                                                            _small(args))
             except asyncio.TimeoutError:
                 fallback = self.fallback("state_timeout")
             except Exception as exc:  # noqa: BLE001 - never fail a well-formed request
@@ -337,28 +414,106 @@ class ExtenderService:
             decided_at = time.time()
             if base is not None:
                 chosen = (model if kind == "model" else base).norm
-                cand_names = [req.state.nodes[i].name for i in cand]
+                nodes = req.state.nodes
+                cand_names = [nodes[i].name for i in cand.tolist()]
                 returned = to_extender_scores(chosen) if kind != "neutral" else [NEUTRAL_SCORE] * len(cand)
                 if kind != "neutral":
                     scores.update(zip(cand_names, returned))
-                build = lambda: self._with_model_explanation(  # noqa: E731
+                # held until the binding is known: only a policy that explains itself keeps the request's state
+                held = req if model is not None and callable(getattr(policy, "explain", None)) else None
+                build = lambda bound: self._with_model_explanation(  # noqa: E731
                     self._scored(pod, cand_names, model, base, mode, opted, returned, kind, fallback, policy.name,
-                                 version, span, seen_at, decided_at), policy, pod, req, cand, model)
+                                 version, span, seen_at, decided_at, bound), policy, pod, held, cand, model)
+                weights = blend_weights(mode, opted, self.settings.hybrid_model_weight)
+                blended = base.norm if model is None else weights[1] * base.norm + weights[0] * model.norm
+                self.metrics.decisions.labels(policy=policy.name, mode=mode, source="extender",
+                                              result="fallback" if fallback else "scored").inc()
+                self._hold(pod, req.state, int(cand[int(np.argmax(blended))]), build, span)
             else:  # nothing to score: cache cold, a failure, or no candidate passes the hard filter here
                 build = lambda: self._bare(pod, span, seen_at, decided_at, policy.name, version, mode, {  # noqa: E731
                     "verb": "prioritize", "returned": kind, "fallback": fallback, "candidates": 0,
                     "reason": fallback or "no candidate passes the hard filter in the extender's view"})
-            self._record(build, "fallback" if fallback else "scored" if base is not None else "unschedulable",
-                         policy.name, mode, span)
+                self._record(build, "fallback" if fallback else "unschedulable", policy.name, mode, span)
             span.set_attribute("agmarl.fallback", fallback)
             span.set_attribute("agmarl.returned", kind)
         return scores
+
+    # --- assumed choices and their bindings ---------------------------------------------------------
+
+    def _hold(self, pod: Pod, state: ClusterState, i: int, build: Callable[[str], m.Decision], span: trace.Span
+              ) -> None:
+        """Assume the chosen node ``i`` in the view (on the event loop: the view's one owner) and hold the
+        decision until its binding is known."""
+        view, node = self.cache, state.nodes[i].name
+        view.forget(pod.key)  # a retry: the earlier assumption (if any) is replaced
+        gpus = self.source.default.choose_gpus(pod, state, i)
+        now = time.time()
+        if gpus is not None:
+            view.assume(pod, node, gpus, now)
+        self.pending.pop(pod.key, None)  # a retry supersedes the earlier answer (never bound)
+        self.pending[pod.key] = PendingDecision(pod, node, build, trace.set_span_in_context(span), now)
+        if len(self.pending) > MAX_PENDING:
+            _, oldest = self.pending.popitem(last=False)
+            self._publish(oldest, "", "overflow")
+
+    def _publish(self, p: PendingDecision, node: str, how: str) -> None:
+        if self.publisher is None:
+            self.metrics.dropped.labels(reason="no_publisher").inc()
+            return
+        build = p.build
+        self.publisher.offer(lambda: with_binding(build(node), node, how), p.ctx)
+
+    def observed(self, bindings: Iterable[tuple[str, str]] | None) -> None:
+        """Bindings the watch observed ((pod key, node), from graph-builder's ``bound`` changes), or None
+        after a full state: the held decisions of pods the view now shows bound are published."""
+        if not self.pending:
+            return
+        how = "watch"
+        if bindings is None:
+            view, how = self.cache, "snapshot"
+            bindings = [(k, view.node_of(k)) for k in list(self.pending)
+                        if k in view.where and not view.is_assumed(k)]
+        for key, node in bindings:
+            p = self.pending.pop(key, None)
+            if p is not None:
+                self._publish(p, node, how)
+
+    def sweep(self, now: float) -> int:
+        """Publish, without a binding, the held decisions older than ``assume_ttl_seconds``."""
+        ttl, old = self.settings.assume_ttl_seconds, []
+        for key, p in self.pending.items():  # oldest first
+            if now - p.at <= ttl:
+                break
+            old.append(key)
+        for key in old:
+            self._publish(self.pending.pop(key), "", "not observed")
+        return len(old)
+
+    async def sweep_loop(self, period: float = 1.0) -> None:
+        while True:
+            await asyncio.sleep(period)
+            self.sweep(time.time())
+
+    def _confirm(self, key: str, node: str) -> None:
+        """The bind verb bound ``key`` to ``node``: the assumption moves there if the extender had
+        assumed another node (kube-scheduler broke a tie or its own scores differed); the held
+        decision is published with the binding."""
+        view, p = self.cache, self.pending.pop(key, None)
+        a = view.assumed.get(key)
+        state = view.state
+        if p is not None and a is not None and a.node != node and state is not None and node in state.index:
+            view.forget(key)
+            gpus = self.source.default.choose_gpus(p.pod, state, state.index[node])
+            view.assume(p.pod, node, gpus or (), time.time())
+        if p is not None:
+            self._publish(p, node, "bind")
 
     def _with_model_explanation(self, decision: m.Decision, policy: Any, pod: Pod, req: Any, cand: np.ndarray,
                                 model: Scored | None) -> m.Decision:
         """A learned policy adds its top attention edges and feature contributions (after the answer)."""
         explain_fn = getattr(policy, "explain", None)
-        if model is not None and callable(explain_fn) and getattr(self.settings, "explain_model", True):
+        if model is not None and req is not None and callable(explain_fn) and getattr(self.settings, "explain_model",
+                                                                                        True):
             try:
                 decision.explanation["model"] = explain_fn(pod, req.state, cand, top=3)
             except Exception as exc:  # noqa: BLE001 - an explanation must never cost the decision log entry
@@ -367,7 +522,9 @@ class ExtenderService:
 
     def _scored(self, pod: Pod, names: list[str], model: Scored | None, base: Scored, mode: str, opted: bool,
                 returned: list[int], kind: str, fallback: str, policy: str, version: str, span: trace.Span,
-                seen_at: float, decided_at: float) -> m.Decision:
+                seen_at: float, decided_at: float, bound: str = "") -> m.Decision:
+        """The decision-log entry; the scores of at most ``LOGGED_SCORES`` nodes (the best by the blend, the
+        choices of model and default, the ``bound`` node) on large clusters."""
         weights = blend_weights(mode, opted, self.settings.hybrid_model_weight)
         blended = base.norm if model is None else weights[1] * base.norm + weights[0] * model.norm
         best = int(np.argmax(blended))
@@ -384,8 +541,17 @@ class ExtenderService:
         if mode == "recommend" and model is not None:
             explanation["recommendation"] = explanation["model_choice"]
 
-        def rounded(a: np.ndarray) -> dict[str, float]:
-            return {n: round(float(v), 3) for n, v in zip(names, a)}
+        keep = np.arange(len(names))
+        if len(names) > LOGGED_SCORES:
+            also = [best, int(np.argmax(base.norm))] + ([int(np.argmax(model.norm))] if model is not None else [])
+            if bound in names:
+                also.append(names.index(bound))
+            keep = np.union1d(np.argpartition(-blended, LOGGED_SCORES - len(also))[:LOGGED_SCORES - len(also)], also)
+            explanation["scores_logged"] = f"{keep.size} of {len(names)} (the best and the chosen)"
+        kept = [names[i] for i in keep.tolist()]
+
+        def rounded(a: np.ndarray) -> dict[str, float]:  # vectorised
+            return dict(zip(kept, np.round(np.asarray(a, dtype=np.float64)[keep], 3).tolist()))
         return m.Decision(
             decision_id=uuid.uuid4().hex, cluster=self.settings.cluster, namespace=pod.namespace, pod_key=pod.key,
             node=names[best], policy=policy, model_version=version, mode=mode, score=round(float(blended[best]), 3),
@@ -396,7 +562,8 @@ class ExtenderService:
     # --- bind, preempt ------------------------------------------------------------------------------
 
     async def bind(self, args: ExtenderBindingArgs, headers: Any = None) -> ExtenderBindingResult:
-        with self._span("bind", headers) as span:
+        key = f"{args.PodNamespace}/{args.PodName}"
+        with self._span("bind", headers, args.PodUID) as span:
             span.set_attribute("agmarl.pod", f"{args.PodNamespace}/{args.PodName}")
             span.set_attribute("agmarl.node", args.Node)
             if self.binder is None:
@@ -405,10 +572,13 @@ class ExtenderService:
                 await asyncio.wait_for(asyncio.to_thread(self.binder.bind, args.PodNamespace, args.PodName,
                                                          args.PodUID, args.Node), BIND_TIMEOUT_S)
             except asyncio.TimeoutError:
+                self.cache.forget(key)
                 return ExtenderBindingResult(Error=f"binding timed out after {BIND_TIMEOUT_S:.0f}s")
             except Exception as exc:  # noqa: BLE001 - the error goes back to kube-scheduler
                 span.record_exception(exc)
+                self.cache.forget(key)  # kube-scheduler forgets the pod and retries it: so does the view
                 return ExtenderBindingResult(Error=f"binding failed: {type(exc).__name__}: {_short(exc)}")
+            self._confirm(key, args.Node)
         return ExtenderBindingResult()
 
     async def preempt(self, args: ExtenderPreemptionArgs, headers: Any = None) -> ExtenderPreemptionResult:
@@ -427,6 +597,10 @@ class ExtenderService:
 
 
 BIND_TIMEOUT_S = 4.0  # below the 5 s httpTimeout of the bind configurations
+
+
+def _small(args: ExtenderArgs) -> bool:
+    return args.Nodes is None and len(args.NodeNames or ()) <= INLINE_STATE_NODES
 
 
 def _trace_id(span: trace.Span) -> str:

@@ -175,6 +175,17 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
+@router.get("/debug/view")
+async def view_route(ext: ExtenderDep) -> Response:
+    """The extender's cluster view in brief: its version, the assumed pods and the pods per node
+    (observed + assumed), for ``agmarl bench extender``'s spread report."""
+    view, state = ext.cache, ext.cache.state
+    per_node = {} if state is None else {n.name: len(pods) for n, pods in zip(state.nodes, state.bound)}
+    body = {"version": view.seq, "assumed": len(view.assumed), "held_decisions": len(ext.pending),
+            "pods_per_node": per_node}
+    return Response(content=json.dumps(body), media_type="application/json")
+
+
 @router.get("/readyz")
 async def readyz(ext: ExtenderDep) -> Response:
     """Ready when NATS is connected and, for nodeCacheCapable requests, the cluster view holds the graph."""

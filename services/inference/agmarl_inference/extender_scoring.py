@@ -57,8 +57,8 @@ def score_policy(policy: Policy, pod: Pod, state: ClusterState, idx: np.ndarray)
 
 def to_extender_scores(scores: np.ndarray) -> list[int]:
     """0..100 -> kube-scheduler extender scores 0..10 (rounded half up, clipped)."""
-    return [int(v) for v in np.clip(np.floor(np.asarray(scores, dtype=np.float64) / 10.0 + 0.5), 0,
-                                    MAX_EXTENDER_SCORE)]
+    return np.clip(np.floor(np.asarray(scores, dtype=np.float64) / 10.0 + 0.5), 0,
+                   MAX_EXTENDER_SCORE).astype(np.int64).tolist()
 
 
 def blend_weights(mode: str, opted_in: bool, model_weight: float) -> tuple[float, float]:

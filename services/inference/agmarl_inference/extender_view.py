@@ -49,4 +49,4 @@ def request_state(pod: Pod, args: ExtenderArgs, view: ClusterView) -> RequestSta
         return RequestState(None, names, [None] * len(names))
     if pod.key in view.where:  # a retry of a pod the view already shows as bound (or assumed)
         state = unbind_at(state, view.where[pod.key], pod.key)
-    return RequestState(state, names, [state.index.get(n) for n in names])
+    return RequestState(state, names, list(map(state.index.get, names)))

@@ -177,7 +177,16 @@ def request_names(args: ExtenderArgs) -> list[str]:
     return list(args.NodeNames or [])
 
 
+_PREFIXES: dict[tuple[str, ...], list[str]] = {}  # node names -> their '{"Host":"<name>","Score":' (last few lists)
+
+
 def priorities_json(scores: dict[str, int]) -> bytes:
-    """A HostPriorityList, written directly: no per-host objects (1,500 of them per call otherwise)."""
-    dumps = json.dumps
-    return ("[" + ",".join(f'{{"Host":{dumps(h)},"Score":{int(s)}}}' for h, s in scores.items()) + "]").encode()
+    """A HostPriorityList, written directly: no per-host objects (1,500 of them per call otherwise); the
+    hosts' JSON is kept for the last few node lists (kube-scheduler sends the same names pod after pod)."""
+    hosts = tuple(scores)
+    prefixes = _PREFIXES.get(hosts)
+    if prefixes is None:
+        if len(_PREFIXES) >= 4:
+            _PREFIXES.clear()
+        prefixes = _PREFIXES[hosts] = ['{"Host":' + json.dumps(h) + ',"Score":' for h in hosts]
+    return ("[" + ",".join([f"{p}{int(v)}}}" for p, v in zip(prefixes, scores.values())]) + "]").encode()

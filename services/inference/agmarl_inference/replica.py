@@ -4,12 +4,15 @@ graph-builder's versions plus this process's own assumed decisions.
 
 Graph updates are applied in version order; a gap, a new graph-builder epoch or a cold start asks
 graph-builder for the full graph (``graph_sync``, request/reply). Full states decode off the event loop.
+``bound_listeners`` hear the bindings each update shows (the extender publishes the decisions held for
+them): ``(pod key, node)`` pairs of a delta's ``bound`` changes, or None after a full graph.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from typing import Callable, Iterable
 
 from prometheus_client import Counter, Gauge
 
@@ -32,6 +35,7 @@ class GraphReplica:
         self.ready = asyncio.Event()  # set once the view holds a full graph
         self._syncing: asyncio.Task | None = None
         self._full_token: object = None
+        self.bound_listeners: list[Callable[[Iterable[tuple[str, str]] | None], None]] = []
         reg = rt.registry
         self.applied = Counter("agmarl_view_updates_total", "Graph versions applied to the cluster view",
                                ["kind"], registry=reg)
@@ -60,8 +64,14 @@ class GraphReplica:
         if pos == "stale":
             return
         self.view.accept(msg.epoch, msg.version)
-        ch.apply(self.view, ch.check(msg.changes))
+        changes = ch.check(msg.changes)
+        ch.apply(self.view, changes)
         self.applied.labels(kind="delta").inc()
+        if self.bound_listeners:
+            bound = [(f"{c['pod'].get('namespace', 'default')}/{c['pod'].get('name', '')}", c["node"])
+                     for c in changes if c["op"] == "bound"]
+            if bound:
+                self._tell(bound)
         self.assumed_gauge.set(len(self.view.assumed))
         if pos == "gap":
             self.request_sync("gap")
@@ -76,6 +86,14 @@ class GraphReplica:
         self.view.apply_snapshot(msg.epoch, msg.version, state)
         self.applied.labels(kind="full").inc()
         self.ready.set()
+        self._tell(None)
+
+    def _tell(self, bound: list[tuple[str, str]] | None) -> None:
+        for listener in self.bound_listeners:
+            try:
+                listener(bound)
+            except Exception:  # noqa: BLE001 - a listener's bug must not stop the view
+                self.rt.log.exception("bound listener failed")
 
     def request_sync(self, reason: str) -> None:
         """Ask graph-builder for the full graph (one request at a time, retried until it answers)."""

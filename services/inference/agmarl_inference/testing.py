@@ -20,6 +20,7 @@ from agmarl_common import kubeconvert as kc
 from agmarl_common import messages as m
 from agmarl_common import subjects
 from agmarl_common.bus import Bus
+from agmarl_common.cluster import changes as ch
 from agmarl_common.cluster.compact import compact_snapshot
 from agmarl_common.cluster.model import HOSTNAME_LABEL, ClusterState, Pod, state_to_dict
 from agmarl_common.metrics import sample
@@ -78,6 +79,7 @@ async def running(nats_url: str, *, feed: bool = True, model: str = "most-alloca
     rt = ServiceRuntime("inference", settings)
     app = InferenceApp(rt, settings)
     ext = setup_extender(rt, app, settings, app.view, decisions=app.decisions, binder=binder)
+    app.replica.bound_listeners.append(ext.service.observed)  # as the service wires it (app.main)
     rt.handle(subjects.graph(cluster), m.GraphUpdate)(app.replica.on_update)
     await rt.start()
     bus = await Bus.connect(nats_url, "test-client")
@@ -102,6 +104,20 @@ async def running(nats_url: str, *, feed: bool = True, model: str = "most-alloca
             await bus.close()
         with contextlib.suppress(*((ConnectionError,) if r is not None and r.nats_stopped else ())):
             await rt.shutdown()
+
+
+async def observe_binding(r: Running, pod: dict, node: str) -> None:
+    """graph-builder's delta for a binding the watch observed (``pod``, a v1.Pod, bound to ``node``),
+    published as graph-builder publishes it; returns once the view applied it."""
+    view, seq = r.ext.view, r.ext.view.seq
+    await r.bus.publish(subjects.graph(r.cluster), m.GraphUpdate(
+        cluster=r.cluster, epoch=view.epoch, version=seq + 1, full=False, time=time.time(),
+        changes=[ch.bound_change(kc.pod_from_k8s(pod), node, [])]))
+    await until(lambda: view.seq > seq, "the binding reached the cluster view")
+
+
+def top(scores: dict[str, int]) -> str:
+    return max(scores, key=scores.get)
 
 
 async def until(cond, what: str, timeout: float = 5.0) -> None:

@@ -17,7 +17,7 @@ from agmarl_common import subjects
 from agmarl_common.bus import MSG_ID_HEADER
 from agmarl_inference.extender_scoring import Scored, blend_weights, explain, returned_kind, to_extender_scores
 from agmarl_inference.http import load_binder
-from agmarl_inference.testing import SAMPLES, prioritize, running
+from agmarl_inference.testing import SAMPLES, observe_binding, pod_json, prioritize, running, top
 
 
 # --- decision log and trace ------------------------------------------------------------------------
@@ -27,6 +27,7 @@ async def test_decision_log_entry_carries_the_request_trace(nats_url):
         sub = await r.bus.nc.subscribe(subjects.decision_wildcard(r.cluster))
         trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
         scores = await prioritize(r, headers={"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"})
+        await observe_binding(r, pod_json(), top(scores))
         msg = await sub.next_msg(timeout=3)
         decision = m.decode(m.Decision, msg.data)
         assert decision.trace_id == trace_id and msg.headers["traceparent"].split("-")[1] == trace_id
@@ -35,11 +36,13 @@ async def test_decision_log_entry_carries_the_request_trace(nats_url):
         assert set(decision.scores) == set(decision.model_scores) == set(decision.default_scores) == set(scores)
         ex = decision.explanation
         assert ex["blend"] == {"model": 0.7, "default": pytest.approx(0.3)}
-        assert ex["top"][0]["node"] == decision.node and "default.NodeResourcesFit" in ex["top"][0]["terms"]
+        assert ex["top"][0]["node"] == ex["extender_choice"] and "default.NodeResourcesFit" in ex["top"][0]["terms"]
+        assert decision.bound_node == decision.node == top(scores) and ex["binding"] == "watch"
         # the drivers are an exact decomposition of the winner's margin over the runner-up
         assert sum(d["delta"] for d in ex["drivers"]) == pytest.approx(ex["margin"], abs=0.01)
-        # no traceparent: the request starts a new trace
-        await prioritize(r)
+        # no traceparent, another pod: the request starts a new trace
+        other_scores = await prioritize(r, pod_json("q"))
+        await observe_binding(r, pod_json("q"), top(other_scores))
         other = m.decode(m.Decision, (await sub.next_msg(timeout=3)).data)
         assert len(other.trace_id) == 32 and other.trace_id != trace_id
         # the entry is in the JetStream decision log

@@ -16,7 +16,7 @@ from agmarl_common import subjects
 from agmarl_common.metrics import sample
 from agmarl_inference.extender_wire import NEUTRAL_SCORE
 from agmarl_inference.http import parse_mode
-from agmarl_inference.testing import LOADED, pod_json, prioritize, running, until
+from agmarl_inference.testing import LOADED, observe_binding, pod_json, prioritize, running, top, until
 
 
 # --- rollout modes ---------------------------------------------------------------------------------
@@ -35,7 +35,9 @@ async def test_rollout_modes(nats_url, mode, pod, expect):
                        canary_label_selector="canary=true") as r:
         sub = await r.bus.nc.subscribe(subjects.decision_wildcard(r.cluster))
         scores = await prioritize(r, pod)
+        await observe_binding(r, pod, top(scores))  # the decision is logged once its binding is known
         decision = m.decode(m.Decision, (await sub.next_msg(timeout=3)).data)
+        assert decision.bound_node == decision.node == top(scores)
         assert decision.mode == mode and decision.explanation["returned"] == expect
         model, default = np.array(list(decision.model_scores.values())), np.array(list(decision.default_scores.values()))
         if expect == "neutral":
@@ -49,7 +51,7 @@ async def test_rollout_modes(nats_url, mode, pod, expect):
         blended = np.array(list(decision.scores.values()))
         w = {"hybrid": 0.7, "full": 1.0, "recommend": 1.0, "shadow": 0.0}.get(mode, 1.0 if expect == "model" else 0.0)
         assert np.allclose(blended, w * model + (1 - w) * default, atol=0.01)
-        assert decision.node == list(decision.scores)[int(np.argmax(blended))]
+        assert decision.explanation["extender_choice"] == list(decision.scores)[int(np.argmax(blended))]
         if mode == "recommend":
             assert decision.explanation["recommendation"] == LOADED
 
