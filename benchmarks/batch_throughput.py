@@ -153,18 +153,19 @@ async def through_binder(policy, nodes: tuple, pods: list[Pod], batch: int, work
             decided_at = bound_at = None
             placed = bound = 0
             while bound_at is None and time.perf_counter() - t0 < 300:
-                if decided_at is None:
-                    c = led.counts()
-                    if len(led.entries) == len(pods) and c["queued"] == 0:
+                if decided_at is None:  # every pod had its first decision (a later release does not undo it)
+                    if len(led.entries) == len(pods) and all(
+                            any(h.startswith(("binding", "unschedulable")) for h in e.history)
+                            for e in led.entries.values()):
                         decided_at = time.perf_counter() - t0
-                        placed = len(pods) - c["unschedulable"]
+                        placed = len(pods) - led.counts()["unschedulable"]
                 else:
                     bound = await asyncio.to_thread(ask, "count")
                     if bound >= placed:
                         bound_at = time.perf_counter() - t0
                 await asyncio.sleep(0.02)
             released = Counter(h.split(":", 1)[1].strip()[:60] for e in led.entries.values() for h in e.history
-                               if h.startswith("queued:"))
+                               if h.startswith("queued:") or h.startswith("attempt "))
             return {"decided_s": decided_at, "bound_s": bound_at, "batches": binder.batches, "bound": bound,
                     "counts": led.counts(), "released": dict(released)}
         finally:

@@ -224,12 +224,6 @@ class BatchBinder:
             while True:
                 try:
                     await asyncio.to_thread(create_binding, self.api, ns, name, pl.node, self.cfg.bind_timeout_s)
-                    self.ledger.bound(key)
-                    self.results.labels(result="bound").inc()
-                    await self._publish(pl, policy, batch_id, size, self.ledger.entries[key].attempts + 1, "")
-                    self._published_reason.pop(key, None)
-                    self.contexts.pop(key, None)
-                    return
                 except ApiException as exc:
                     why = f"HTTP {exc.status} {exc.reason}".strip()
                     if exc.status == 404:
@@ -241,6 +235,9 @@ class BatchBinder:
                         return
                 except Exception as exc:  # noqa: BLE001 - timeouts and connection errors come in many types
                     why = f"{type(exc).__name__}: {exc}"
+                else:
+                    await self._bound(pl, policy, batch_id, size)
+                    return
                 attempts = self.ledger.attempt_failed(key, why)
                 if attempts >= self.cfg.bind_attempts:
                     reason = f"binding failed {attempts} times (last: {why})"
@@ -252,6 +249,22 @@ class BatchBinder:
             if self.ledger.entries[key].status == "binding":
                 self._give_up(key, "release", "binder stopped")
             raise
+
+    async def _bound(self, pl: Placement, policy: Policy, batch_id: str, size: int) -> None:
+        """The Binding was accepted: the pod is bound whatever happens next. A Decision that cannot be
+        published (JetStream slow or down) is logged and counted, never taken for a failed binding (that
+        retried a Binding the API had accepted, got 409 and released a bound pod)."""
+        key = pl.pod.key
+        self.ledger.bound(key)
+        self.results.labels(result="bound").inc()
+        try:
+            await self._publish(pl, policy, batch_id, size, self.ledger.entries[key].attempts + 1, "")
+        except Exception as exc:  # noqa: BLE001 - NATS timeouts and disconnects come in many types
+            self.results.labels(result="decision_unpublished").inc()
+            self.rt.log.warning("pod %s bound to %s, its decision not published: %s: %s", key, pl.node,
+                                type(exc).__name__, exc)
+        self._published_reason.pop(key, None)
+        self.contexts.pop(key, None)
 
     def _give_up(self, key: str, how: str, reason: str) -> None:
         self.view.forget(key)

@@ -281,6 +281,30 @@ async def test_conflict_releases_and_redecides(harness):
     assert any("conflict" in h for h in e.history)
 
 
+async def test_unpublished_decision_does_not_unbind_a_bound_pod(harness):
+    """JetStream too slow to ack the Decision after the Binding was accepted: the pod stays bound (before,
+    the publish error was taken for a failed binding: a retry got 409 and released the bound pod)."""
+    p = pod("slow-ack", 1000)
+    publish = harness.binder._publish
+
+    async def no_ack(pl, policy, batch_id, size, attempts, reason, released=False):
+        if pl.node and not released and not reason:
+            raise TimeoutError("nats: timeout")
+        await publish(pl, policy, batch_id, size, attempts, reason, released)
+
+    harness.binder._publish = no_ack
+    await harness.snapshot([p])
+    await harness.offer([p])
+    led = harness.binder.ledger
+    assert await until(lambda: "default/slow-ack" in led.entries and led.entries["default/slow-ack"].status == "bound")
+    await asyncio.sleep(0.3)
+    e = led.entries["default/slow-ack"]
+    assert e.status == "bound" and e.releases == 0 and e.attempts == 0
+    assert len([r for r in harness.standin.requests if r.method == "POST"]) == 1
+    assert bound_nodes(harness.standin) == {"default/slow-ack": "a"}
+    assert harness.binder.results.labels(result="decision_unpublished")._value.get() == 1
+
+
 def test_create_binding_reads_the_status_answer_and_raises_on_errors():
     with StandInApiServer() as standin:
         standin.add_node(node_json("a"))
