@@ -122,6 +122,7 @@ class PendingDecision:
     build: Callable[[str], m.Decision]  # bound node -> the decision
     ctx: Any  # OpenTelemetry context of the pod's trace
     at: float  # time.time() of the answer
+    cheap: bool = True  # no model explanation to compute: built on the event loop
 
 
 def with_binding(decision: m.Decision, node: str, how: str) -> m.Decision:
@@ -240,7 +241,7 @@ class ExtenderService:
         if self.publisher is None:
             self.metrics.dropped.labels(reason="no_publisher").inc()
         else:
-            self.publisher.offer(build, trace.set_span_in_context(span))
+            self.publisher.offer(build, trace.set_span_in_context(span), inline=True)
 
     # --- filter -------------------------------------------------------------------------------------
 
@@ -428,7 +429,7 @@ class ExtenderService:
                 blended = base.norm if model is None else weights[1] * base.norm + weights[0] * model.norm
                 self.metrics.decisions.labels(policy=policy.name, mode=mode, source="extender",
                                               result="fallback" if fallback else "scored").inc()
-                self._hold(pod, req.state, int(cand[int(np.argmax(blended))]), build, span)
+                self._hold(pod, req.state, int(cand[int(np.argmax(blended))]), build, span, held is None)
             else:  # nothing to score: cache cold, a failure, or no candidate passes the hard filter here
                 build = lambda: self._bare(pod, span, seen_at, decided_at, policy.name, version, mode, {  # noqa: E731
                     "verb": "prioritize", "returned": kind, "fallback": fallback, "candidates": 0,
@@ -440,8 +441,8 @@ class ExtenderService:
 
     # --- assumed choices and their bindings ---------------------------------------------------------
 
-    def _hold(self, pod: Pod, state: ClusterState, i: int, build: Callable[[str], m.Decision], span: trace.Span
-              ) -> None:
+    def _hold(self, pod: Pod, state: ClusterState, i: int, build: Callable[[str], m.Decision], span: trace.Span,
+              cheap: bool = True) -> None:
         """Assume the chosen node ``i`` in the view (on the event loop: the view's one owner) and hold the
         decision until its binding is known."""
         view, node = self.cache, state.nodes[i].name
@@ -451,7 +452,7 @@ class ExtenderService:
         if gpus is not None:
             view.assume(pod, node, gpus, now)
         self.pending.pop(pod.key, None)  # a retry supersedes the earlier answer (never bound)
-        self.pending[pod.key] = PendingDecision(pod, node, build, trace.set_span_in_context(span), now)
+        self.pending[pod.key] = PendingDecision(pod, node, build, trace.set_span_in_context(span), now, cheap)
         if len(self.pending) > MAX_PENDING:
             _, oldest = self.pending.popitem(last=False)
             self._publish(oldest, "", "overflow")
@@ -461,7 +462,7 @@ class ExtenderService:
             self.metrics.dropped.labels(reason="no_publisher").inc()
             return
         build = p.build
-        self.publisher.offer(lambda: with_binding(build(node), node, how), p.ctx)
+        self.publisher.offer(lambda: with_binding(build(node), node, how), p.ctx, inline=p.cheap)
 
     def observed(self, bindings: Iterable[tuple[str, str]] | None) -> None:
         """Bindings the watch observed ((pod key, node), from graph-builder's ``bound`` changes), or None
