@@ -55,7 +55,7 @@ async def run_up(duration: float | None, summary_path: str | None, view: bool, e
     mon = Monitor(cluster=cluster)
     services: dict[str, str] = {s: "starting" for s in SERVICES}
     started = time.monotonic()
-    ended = "stopped by a signal"  # why the run ended; anything but the duration or the replay is a short run
+    ended = "stopped by a signal"  # why the run ended (Ctrl-C is the end of a run without --duration)
     failed: SystemExit | None = None
     try:
         url = system.start_nats()
@@ -82,7 +82,7 @@ async def run_up(duration: float | None, summary_path: str | None, view: bool, e
             for event in await asyncio.to_thread(system.supervise):  # restarts what died, with backoff
                 print(f"agmarl: {event}", file=sys.stderr, flush=True)
                 if event.name in services:
-                    services[event.name] = "starting" if event.kind == "restarted" else f"{event.text}"
+                    services[event.name] = "starting" if event.kind == "restarted" else event.text
             if elapsed - last_probe >= 5.0 and bus.is_connected and any(v != "healthy" for v in services.values()):
                 last_probe = elapsed  # the restarted ones: healthy again?
                 services.update(await probe_health(bus, [k for k, v in services.items() if v != "healthy"], 2.0))
@@ -100,10 +100,10 @@ async def run_up(duration: float | None, summary_path: str | None, view: bool, e
             except asyncio.TimeoutError:
                 pass
         if bus is not None and bus.is_connected:
-            services = await check_health(bus, SERVICES, timeout=3.0)  # busy services (2 cores) answer late
-            late = tuple(name for name, status in services.items() if status.startswith("no answer"))
+            services = await probe_health(bus, list(SERVICES), 3.0)  # busy services (2 cores) answer late
+            late = [name for name, status in services.items() if status.startswith("no answer")]
             if late:  # one more chance, longer: an event loop busy for a few seconds is not a dead service
-                services.update(await check_health(bus, late, timeout=6.0))
+                services.update(await probe_health(bus, late, 6.0))
     except SystemExit as exc:  # the start gate failed: the summary still says what happened
         failed = exc
         ended = f"startup failed: {exc}"
@@ -120,8 +120,10 @@ async def run_up(duration: float | None, summary_path: str | None, view: bool, e
             services[name] = services.get(name) if services.get(name) not in ("starting", None) else \
                 f"exited with code {code}; see {system.logs.get(name)}"
     summary = build_summary(mon, services, system, elapsed)
+    bounded = duration is not None or result is not None  # a run meant to end by itself, not by Ctrl-C
     summary.update(ended=ended, requested_duration_s=duration,
-                   short_run=ended not in ("duration", "replay finished"), supervision=system.report(),
+                   short_run=failed is not None or (ended == "stopped by a signal" and bounded),
+                   supervision=system.report(),
                    restarts=sum(r["restarts"] for r in system.report().values()))
     if summary_path:
         Path(summary_path).parent.mkdir(parents=True, exist_ok=True)
