@@ -111,6 +111,7 @@ class GraphBuilderApp:
             try:
                 change = ch.from_event(msg.type, msg.pod_key, msg.node, msg.pod, list(msg.gpus))
                 if change is None:
+                    self.repair = self.repair or msg.type == "node_added"  # a new node comes with the next snapshot
                     return
                 ch.apply(self.view, [change])
             except (ValueError, KeyError, TypeError) as exc:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Callable
 
 from prometheus_client import Gauge
@@ -53,6 +54,7 @@ class KubernetesCollectorApp:
         self.settings = settings
         self.source = source
         self.clock = clock
+        self.epoch = uuid.uuid4().hex  # this watch's run: a restarted collector resets every cluster view
         self.seq = 0
         self.announced: dict[str, float] = {}  # pending pod key -> when last published
         self.snapshots = SnapshotPublisher(rt, settings.max_message_bytes)
@@ -66,12 +68,21 @@ class KubernetesCollectorApp:
         self.watch_gauge = Gauge("agmarl_k8s_watch", "Kubernetes watch counters (lists, relists, reconnects, "
                                  "events, bookmarks, errors)", ["what"], registry=reg)
 
+    def bound_pod(self, pod_key: str, node: str):
+        """The pod as the watch sees it bound on ``node`` (with its GPU devices), or None."""
+        state = self.source.cache.state
+        i = state.index.get(node)
+        return None if i is None else next((p for p in state.bound[i] if p.key == pod_key), None)
+
     async def on_changes(self, changes: list[Change]) -> None:
         cluster, now = self.settings.cluster, self.clock()
         for ch in changes:
+            self.seq += 1  # one sequence for events and snapshots: graph-builder applies them in order
+            pod = self.bound_pod(ch.pod_key, ch.node) if ch.type == "pod_bound" else None
             await self.rt.publish(subjects.event(cluster), m.ClusterEvent(
-                cluster=cluster, seq=self.seq, type=ch.type, pod_key=ch.pod_key, node=ch.node, reason=ch.reason,
-                time=now))
+                cluster=cluster, seq=self.seq, epoch=self.epoch, type=ch.type, pod_key=ch.pod_key, node=ch.node,
+                reason=ch.reason, time=now, pod=to_dict(pod) if pod is not None else {},
+                gpus=list(pod.gpu_devices) if pod is not None else []))
             if ch.type != "pod_added":
                 self.announced.pop(ch.pod_key, None)
         await self.announce_due(now)
@@ -120,7 +131,7 @@ class KubernetesCollectorApp:
         for what, value in vars(self.source.stats).items():
             self.watch_gauge.labels(what=what).set(value)
         await self.snapshots.publish(snapshot_message(self.settings.cluster, self.seq, self.clock(), state, pending,
-                                                      stats))
+                                                      stats, self.epoch))
 
     async def run_loop(self) -> None:
         """Snapshot on change (debounced) or every resync period; re-announce long-pending pods."""

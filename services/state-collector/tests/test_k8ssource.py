@@ -204,15 +204,20 @@ async def test_service_publishes_pending_batch_pods_from_the_standin(nats_url, t
     bus = await Bus.connect(nats_url, "test-k8s-collector")
     pending: list[m.PendingPod] = []
     snapshots: list[m.ClusterSnapshot] = []
+    events: list[m.ClusterEvent] = []
 
     async def on_pending(msg):
         pending.append(m.decode(m.PendingPod, msg.data))
+
+    async def on_event(msg):
+        events.append(m.decode(m.ClusterEvent, msg.data))
 
     async def on_snapshot(msg):
         snapshots.append(m.decode(m.ClusterSnapshot, msg.data))
 
     await bus.subscribe(subjects.pending(cluster), on_pending)
     await bus.subscribe(subjects.snapshot(cluster), on_snapshot)
+    await bus.subscribe(subjects.event(cluster), on_event)
     proc = service_processes("agmarl_state_collector", env={
         "NATS_URL": nats_url, "AGMARL_CLUSTER": cluster, "AGMARL_SOURCE": "kubernetes",
         "AGMARL_KUBECONFIG": str(kubeconfig), "AGMARL_SNAPSHOT_MIN_INTERVAL": "0.1",
@@ -232,6 +237,14 @@ async def test_service_publishes_pending_batch_pods_from_the_standin(nats_url, t
         last = snapshots[-1]
         assert [n.name for n in state_from_dict(last.state).nodes] == ["n1", "n2"]  # compact form, decoded
         assert last.stats["bound"] == 1.0 and last.stats["pending"] == 4.0
+        # a binding the watch sees goes out as the next event of this run's one sequence, carrying the pod,
+        # so graph-builder (and every cluster view) applies it at once
+        standin.modify_pod("default/train2", node_name="n2")
+        assert await until(lambda: any(e.type == "pod_bound" and e.pod_key == "default/train2" for e in events),
+                           timeout=5.0), [(e.type, e.pod_key) for e in events]
+        bound = next(e for e in events if e.type == "pod_bound" and e.pod_key == "default/train2")
+        assert bound.node == "n2" and bound.pod["name"] == "train2" and bound.epoch == last.epoch != ""
+        assert bound.seq > last.seq and len({e.seq for e in events}) == len(events)
         assert proc.stop() == 0
     finally:
         await bus.close()
