@@ -3,8 +3,8 @@ decodes, validates, traces, times and dead-letters around each handler.
 
     rt = ServiceRuntime("inference", settings)
 
-    @rt.handle(subjects.graph(settings.cluster), GraphRequest, queue="inference")
-    async def on_graph(msg: GraphRequest, ctx: HandlerContext) -> None:
+    @rt.handle(subjects.pending(settings.cluster), PendingPod, queue="inference")
+    async def on_pending(msg: PendingPod, ctx: HandlerContext) -> None:
         await ctx.publish(subjects.decision(msg.cluster, ns), decision, js=True, msg_id=decision.decision_id)
 
     return await rt.run_until_stopped()
