@@ -102,7 +102,7 @@ def serve_standin(conn, node_names: list[str], pods: list[tuple[str, str]]) -> N
             conn.send(len({key for key, _ in standin.bindings}))
 
 
-async def through_binder(policy, nodes: tuple, pods: list[Pod], batch: int, work: Path) -> dict:
+async def through_binder(policy, nodes: tuple, pods: list[Pod], warm: list[Pod], batch: int, work: Path) -> dict:
     """Decide and bind ``pods`` through the batch binder, the stand-in API (a child process) and a real
     nats-server."""
     from kubernetes import client  # noqa: PLC0415
@@ -143,6 +143,7 @@ async def through_binder(policy, nodes: tuple, pods: list[Pod], batch: int, work
                 pending=[to_dict(p) for p in pods]))
             while binder.state is None:
                 await asyncio.sleep(0.01)
+            decide_batch(warm, binder.state, policy)  # the policy has seen the view's cluster (its node tuple)
             led = binder.ledger
             # encoded before the clock starts: in a cluster the state-collector, another process, encodes them
             now = time.time()
@@ -175,6 +176,8 @@ async def through_binder(policy, nodes: tuple, pods: list[Pod], batch: int, work
             api.close()
             conn.send("stop")
             standin.join(timeout=10)
+            if standin.is_alive():
+                standin.terminate()
 
 
 def main() -> None:
@@ -214,7 +217,7 @@ def main() -> None:
         for name in args.policies:
             for batch in args.binder_batches:
                 policy, _ = make_policy(name, args.seed, workload, nodes, warm)
-                r = asyncio.run(through_binder(policy, nodes, pods, batch, work))
+                r = asyncio.run(through_binder(policy, nodes, pods, warm, batch, work))
                 decided = len(pods) / r["decided_s"] if r["decided_s"] else float("nan")
                 bound = len(pods) / r["bound_s"] if r["bound_s"] else float("nan")
                 verdict = "met" if decided >= TARGET else "missed"
