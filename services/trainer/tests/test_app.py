@@ -187,6 +187,17 @@ async def test_stopping_the_service_stops_the_run_and_its_workers(nats_url, tmp_
     rt.handle_request(subjects.train_request(), m.TrainRequest, m.TrainStatus)(app.on_request)
     await rt.start()
     bus = await Bus.connect(nats_url, name="test-trainer-stop")
+    # the session's NATS is shared: another test's selection (a model signed by its own throwaway key) would
+    # be this run's incumbent and be refused; a baseline selection makes the run start from the shipped model
+    previous = await bus.kv_get(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY)
+    await bus.kv_put(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY, m.PolicySelection(
+        policy="kube-resources", reason="test: the run starts from the shipped model", time=time.time()))
+    statuses: list[m.TrainStatus] = []
+
+    async def on_status(msg):
+        statuses.append(m.decode(m.TrainStatus, msg.data))
+
+    await bus.subscribe(subjects.train_status(), on_status)
     try:
         reply = await bus.request(subjects.train_request(), request("s1"), m.TrainStatus, timeout=5)
         assert reply.status == "accepted"
@@ -197,8 +208,11 @@ async def test_stopping_the_service_stops_the_run_and_its_workers(nats_url, tmp_
             group = [int(p) for p in os.listdir("/proc") if p.isdigit() and leader and _pgid(int(p)) == leader]
             if len(group) >= 3:
                 break
-        assert len(group) >= 3, "the run and its rollout workers, in the run's own process group"
+        assert len(group) >= 3, ("the run and its rollout workers, in the run's own process group",
+                                 [(st.status, st.detail[:200]) for st in statuses])
     finally:
+        if previous is not None:  # the shared selection as it was
+            await bus.kv_put(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY, previous)
         await bus.close()
         await rt.shutdown()
     await asyncio.sleep(1.0)
