@@ -85,7 +85,8 @@ ROLLBACK_WITHIN_S = 5.0
 SIM_NODES = 20
 ENGINE_ENV = {"AGMARL_GUARD_MAX_DROP": "0.06", "AGMARL_ENGINE_TICK_SECONDS": "0.1", "AGMARL_GATE_ENABLED": "false",
               "AGMARL_RETRAIN_COOLDOWN_SECONDS": "1e10"}
-COLLECTOR_ENV = {"AGMARL_SIM_NODES": str(SIM_NODES)}
+# a snapshot at every simulator step: the infeasible-bind detector replays the binds between two of them
+COLLECTOR_ENV = {"AGMARL_SIM_NODES": str(SIM_NODES), "AGMARL_SNAPSHOT_SECONDS": "0", "AGMARL_SNAPSHOT_CPU_SHARE": "0"}
 REWARD_ENV = {"AGMARL_SCHEME": "load_conditional"}
 
 

@@ -34,7 +34,6 @@ from agmarl_state_collector.simsource import SimulatedCluster
 from agmarl_state_collector.snapshots import SnapshotPublisher, snapshot_message
 
 SERVICE = "state-collector"
-SNAPSHOT_CPU_SHARE = 0.2  # snapshots (events carry every change between them) take at most this share of a core
 
 
 class CollectorApp:
@@ -144,7 +143,8 @@ class CollectorApp:
             if ev.type == "pod_bound":
                 continue  # published when the decision is applied
             await self.publish_event(ev.type, ev.pod_key, ev.node, ev.reason, at=ev.time)
-        if time.monotonic() - self.last_snapshot >= max(s.snapshot_seconds, self.snapshot_cost / SNAPSHOT_CPU_SHARE):
+        budget = self.snapshot_cost / s.snapshot_cpu_share if s.snapshot_cpu_share > 0 else 0.0
+        if time.monotonic() - self.last_snapshot >= max(s.snapshot_seconds, budget):
             self.last_snapshot = time.monotonic()
             await self.publish_snapshot()
             self.snapshot_cost = time.monotonic() - self.last_snapshot

@@ -17,6 +17,7 @@ class CollectorSettings(CommonSettings, KubeSettings):
     sim_time_scale: float = 10.0  # simulated seconds per wall second (the live cluster fills in about a minute)
     tick_seconds: float = 0.25  # wall seconds between simulator steps
     snapshot_seconds: float = 0.25  # wall seconds between full snapshots (events carry every change between them)
+    snapshot_cpu_share: float = 0.2  # and at most this share of a core goes to snapshots (0 = every snapshot_seconds)
     # --- trace replay (source "simulator"): the simulator only as the cluster behind the collector ---
     replay_workload: str = ""  # openb:default | openb:<name> | openb:<csv> (inflation) | synthetic:<name> (dynamic); "" = off
     replay_protocol: Literal["inflation", "dynamic"] = "inflation"
