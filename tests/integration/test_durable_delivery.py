@@ -205,7 +205,9 @@ async def test_three_replicas_keep_acknowledging_with_one_server_lost(tmp_path):
         async def on_msg(msg):
             got.append(msg.header["Nats-Msg-Id"])
             await msg.ack()
-        await bus.durable_subscribe(subjects.DECISIONS.name, subjects.decision_wildcard("c"), "replicas", on_msg)
+        # a message the killed server had delivered but not seen acked comes again after ack_wait: keep it short
+        await bus.durable_subscribe(subjects.DECISIONS.name, subjects.decision_wildcard("c"), "replicas", on_msg,
+                                    ack_wait=2.0, max_deliver=50)
         await bus.js_publish(subjects.decision("c", "ns"), b"before", msg_id="d0")
         servers[0].kill()
         servers[0].wait(10)
@@ -217,7 +219,7 @@ async def test_three_replicas_keep_acknowledging_with_one_server_lost(tmp_path):
                 return None
         for k in range(1, 21):
             assert await wait_for(lambda: acked(f"d{k}"), timeout=20, interval=0.1), f"d{k} never acknowledged"
-        assert await wait_for(lambda: len(got) >= 21, timeout=20)
+        assert await wait_for(lambda: len(set(got)) >= 21, timeout=40), sorted(set(got))
         assert sorted(set(got), key=lambda s: int(s[1:])) == [f"d{k}" for k in range(21)]
     finally:
         if bus is not None:
