@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from nats.js.api import DeliverPolicy
 
 from agmarl_common import messages as m
 from agmarl_common import subjects
@@ -76,7 +77,7 @@ async def run(args: argparse.Namespace) -> dict:
 
         js = bus.nc.jetstream()
         await js.subscribe(subjects.decision_wildcard(cluster), cb=on_decision, ordered_consumer=True,
-                           deliver_policy=m_deliver_new())
+                           deliver_policy=DeliverPolicy.NEW)
         procs["state-collector"] = subprocess.Popen([sys.executable, "-m", "agmarl_state_collector"], env=env,
                                                     stdout=open(work / "state-collector.log", "w"),
                                                     stderr=subprocess.STDOUT)
@@ -107,11 +108,6 @@ async def run(args: argparse.Namespace) -> dict:
             except subprocess.TimeoutExpired:
                 p.kill()
         ns.stop()
-
-
-def m_deliver_new():
-    from nats.js.api import DeliverPolicy
-    return DeliverPolicy.NEW
 
 
 def main() -> int:
