@@ -15,15 +15,25 @@ Pure functions.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from agmarl_common.cluster.codec import pod_from_dict, to_dict
 from agmarl_common.cluster.state import ClusterState
-from agmarl_common.cluster.view import ClusterView, nodes_changed
+from agmarl_common.cluster.specs import Node
+from agmarl_common.cluster.view import ClusterView
 
 OPS = ("bound", "removed", "node_ready", "load", "rejected")
+
+
+def nodes_changed(state: ClusterState, nodes: tuple[Node, ...]) -> bool:
+    """Whether ``nodes`` differ from the view's nodes in anything but readiness (a full state is due)."""
+    if len(nodes) != state.n_nodes:
+        return True
+    return any(a.name != b.name or replace(a, ready=True) != replace(b, ready=True)
+               for a, b in zip(state.nodes, nodes))
 
 
 def bound_change(pod: Any, node: str, gpus: tuple[int, ...] | list[int]) -> dict[str, Any]:

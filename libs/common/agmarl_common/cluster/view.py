@@ -25,7 +25,7 @@ from typing import Literal
 import numpy as np
 
 from agmarl_common.cluster.state import ClusterState, bind, unbind_at
-from agmarl_common.cluster.specs import Node, Pod
+from agmarl_common.cluster.specs import Pod
 
 MAX_SEQ_JUMP = 1_000_000  # a stamp this far from the current sequence is a reset, not a step
 Position = Literal["next", "gap", "stale", "reset"]
@@ -197,10 +197,3 @@ class ClusterView:
         self.state = unbind_at(self.state, i, pod_key)
         return True
 
-
-def nodes_changed(state: ClusterState, nodes: tuple[Node, ...]) -> bool:
-    """Whether ``nodes`` differ from the view's nodes in anything but readiness (a full state is due)."""
-    if len(nodes) != state.n_nodes:
-        return True
-    return any(a.name != b.name or replace(a, ready=True) != replace(b, ready=True)
-               for a, b in zip(state.nodes, nodes))
