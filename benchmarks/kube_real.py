@@ -39,7 +39,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -206,8 +205,10 @@ class BindingWatch:
             return len(self.bound)
 
     def stop(self) -> None:
+        if self.stopped.is_set():
+            return
         self.stopped.set()
-        self.thread.join(timeout=35)
+        self.thread.join(timeout=2)  # a blocked read ends with its watch timeout; the thread is a daemon
 
 
 class AgmarlUp:

@@ -473,7 +473,7 @@ class ControlPlane:
                 "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux", "kubeletVersion": "v1.36.0",
                              "bootID": "", "containerRuntimeVersion": "", "kernelVersion": "", "kubeProxyVersion": "",
                              "machineID": "", "osImage": "", "systemUUID": ""}}}
-            api.patch_node_status(name, status)
+            api.patch_node_status(name, status, _content_type="application/strategic-merge-patch+json")
         return names
 
 
