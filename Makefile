@@ -6,10 +6,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test install unit integration proto clean
 
-$(STAMP): requirements.txt requirements-train.txt requirements-dev.txt constraints.txt pyproject.toml
+$(STAMP): requirements.txt requirements-train.txt requirements-dev.txt constraints.txt pyproject.toml libs/testing/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements-dev.txt -c constraints.txt
 	$(PY) -m pip install -q --no-deps -e .
+	$(PY) -m pip install -q --no-deps -e libs/testing
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,2 +1,2 @@
 """Root conftest: the shared fixtures (real nats-server, service subprocesses) for every test tree."""
-pytest_plugins = ["agmarl_common.testing"]
+pytest_plugins = ["agmarl_testing.fixtures"]

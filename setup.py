@@ -3,7 +3,7 @@
 Discovered, never listed: every package under ``libs/common``, ``cli`` and each ``services/<name>``
 whose name starts with ``agmarl_``, subpackages included, so a new subpackage or service ships without an
 edit here. The model folders under ``models/`` (``default`` and the experts that ``model:<name>`` loads)
-ship as package data of ``agmarl_models``; ``agmarl_common.modelstore`` reads them from there when it runs
+ship as package data of ``agmarl_models``; ``agmarl_common.serving.modelstore`` reads them from there when it runs
 from an installed wheel rather than a source checkout.
 """
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""Batch-arrival protocol (``agmarl_common.sim.batches``): joint placement vs sequential FGD, sequential
+"""Batch-arrival protocol (``agmarl_common.core.sim.batches``): joint placement vs sequential FGD, sequential
 model and the offline optimum (issue 12, items 3 and 4).
 
 Per seed: an openb sub-cluster of ``--nodes`` GPU nodes, openb pods inflated to 1.3 x its GPU capacity and
@@ -32,13 +32,13 @@ from typing import Sequence
 
 import numpy as np
 
-from agmarl_common.cluster.model import ClusterState, Pod
-from agmarl_common.policies.fgd import FgdPolicy
-from agmarl_common.policies.joint import DEFAULT_ORDERS, JointPlacer
-from agmarl_common.policies.registry import get_policy
-from agmarl_common.sim import catalog
-from agmarl_common.sim.batches import BatchPlan, BatchResult, SequentialPlacer, apply_binds, plan_batches, run_batches
-from agmarl_common.sim.optimum import max_gpu_packing
+from agmarl_common.core.cluster.model import ClusterState, Pod
+from agmarl_common.core.policies.fgd import FgdPolicy
+from agmarl_common.core.policies.joint import DEFAULT_ORDERS, JointPlacer
+from agmarl_common.core.policies.registry import get_policy
+from agmarl_common.core.sim import catalog
+from agmarl_common.core.sim.batches import BatchPlan, BatchResult, SequentialPlacer, apply_binds, plan_batches, run_batches
+from agmarl_common.core.sim.optimum import max_gpu_packing
 
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
         12: 2.179, 14: 2.145, 16: 2.120, 19: 2.093, 24: 2.064, 29: 2.045, 39: 2.023, 59: 2.001}

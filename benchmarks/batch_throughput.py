@@ -13,7 +13,7 @@ batch comes). Two measurements:
 2. **through the batch binder** (``--binder``): the inference service's ``BatchBinder`` (``start_batch_mode``)
    with a real nats-server, fed a ``ClusterSnapshot`` and one ``PendingPod`` message per pod, binding through
    the official ``kubernetes`` client against the project's STAND-IN API server
-   (``agmarl_common.testing_k8s.StandInApiServer`` in a child process: real HTTP, not Kubernetes -- no
+   (``agmarl_testing.k8s_api.StandInApiServer`` in a child process: real HTTP, not Kubernetes -- no
    kube-apiserver is available here). Printed: pods/s until every pod is decided (ledger status binding, bound or unschedulable) and
    until every Binding was accepted by the stand-in, counted from the first PendingPod published (the
    messages are encoded before: in a cluster the state-collector, another process, does that). The binder
@@ -41,12 +41,12 @@ from pathlib import Path
 
 import numpy as np
 
-from agmarl_common.cluster.model import ClusterState, Pod, state_to_dict, to_dict
-from agmarl_common.cluster.specs import AGMARL_BATCH_SCHEDULER
-from agmarl_common.policies.base import brief
-from agmarl_common.policies.registry import get_policy
-from agmarl_common.sim import catalog
-from agmarl_common.sim.inflation import plan
+from agmarl_common.core.cluster.model import ClusterState, Pod, state_to_dict, to_dict
+from agmarl_common.core.cluster.specs import AGMARL_BATCH_SCHEDULER
+from agmarl_common.core.policies.base import brief
+from agmarl_common.core.policies.registry import get_policy
+from agmarl_common.core.sim import catalog
+from agmarl_common.core.sim.inflation import plan
 from agmarl_inference.batchcore import decide_batch
 
 TARGET = 700.0  # pods/s
@@ -90,7 +90,7 @@ def in_process(policy, nodes: tuple, pods: list[Pod], batch: int) -> tuple[float
 def serve_standin(conn, node_names: list[str], pods: list[tuple[str, str]]) -> None:
     """In a child process (an API server is a process of its own): the STAND-IN API server with these nodes
     and pending pods; sends its URL, then answers "count" with the number of pods bound, until "stop"."""
-    from agmarl_common.testing_k8s import StandInApiServer, node_json, pod_json  # noqa: PLC0415
+    from agmarl_testing.k8s_api import StandInApiServer, node_json, pod_json  # noqa: PLC0415
 
     with StandInApiServer() as standin:
         for n in node_names:
@@ -107,11 +107,11 @@ async def through_binder(policy, nodes: tuple, pods: list[Pod], warm: list[Pod],
     nats-server."""
     from kubernetes import client  # noqa: PLC0415
 
-    from agmarl_common import messages as m  # noqa: PLC0415
-    from agmarl_common import subjects  # noqa: PLC0415
-    from agmarl_common.bus import Bus  # noqa: PLC0415
-    from agmarl_common.natsserver import NatsServer  # noqa: PLC0415
-    from agmarl_common.service import ServiceRuntime  # noqa: PLC0415
+    from agmarl_common.runtime import messages as m  # noqa: PLC0415
+    from agmarl_common.runtime import subjects  # noqa: PLC0415
+    from agmarl_common.runtime.bus import Bus  # noqa: PLC0415
+    from agmarl_common.runtime.natsserver import NatsServer  # noqa: PLC0415
+    from agmarl_common.runtime.service import ServiceRuntime  # noqa: PLC0415
     from agmarl_inference.batch import BatchConfig, start_batch_mode  # noqa: PLC0415
     from agmarl_inference.settings import InferenceSettings  # noqa: PLC0415
 

@@ -50,11 +50,11 @@ from typing import NamedTuple
 from agmarl_cli.keys import local_model_keys
 from agmarl_cli.monitor import check_health
 from agmarl_cli.supervisor import NATS, SERVICES, System
-from agmarl_common import messages as m
-from agmarl_common import permissions, subjects
-from agmarl_common.bus import MSG_ID_HEADER, Bus
-from agmarl_common.cluster.compact import pod_key_of
-from agmarl_common.natsauth import NatsAuth
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import permissions, subjects
+from agmarl_common.runtime.bus import MSG_ID_HEADER, Bus
+from agmarl_common.core.cluster.compact import pod_key_of
+from agmarl_common.runtime.natsauth import NatsAuth
 
 CLUSTER = "chaos"
 TARGETS = (*SERVICES, NATS)

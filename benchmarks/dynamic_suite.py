@@ -3,7 +3,7 @@
 Every policy runs the dynamic protocol of `agmarl eval` on each synthetic workload (diurnal,
 burst, batch_online_mix, affinity_heavy) on one synthetic cluster, for a few seeds; the same
 harness, the same seeds, the same cluster, so the comparison is like for like. Prints Markdown:
-the composite reward (agmarl_common.reward, mean over the record points of a run) per policy and
+the composite reward (agmarl_common.core.reward, mean over the record points of a run) per policy and
 workload, the hard-constraint violations (must be 0), then each workload's full `agmarl eval` table.
 The reward-aware expert (``policies.rewardaware``, the reward's own marginal gains) runs with the
 baselines by default.

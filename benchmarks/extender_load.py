@@ -29,16 +29,16 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from agmarl_common import messages as m
-from agmarl_common import subjects
-from agmarl_common.bus import Bus
-from agmarl_common.cluster.filters import feasible_mask
-from agmarl_common.cluster.compact import compact_snapshot
-from agmarl_common.cluster.model import Pod
-from agmarl_common.kubeconvert import pods_on_nodes
-from agmarl_common.natsserver import NatsServer
-from agmarl_common.sim.traces import load_openb_nodes, load_openb_pods
-from agmarl_common.testing import ServiceProcess
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
+from agmarl_common.runtime.bus import Bus
+from agmarl_common.core.cluster.filters import feasible_mask
+from agmarl_common.core.cluster.compact import compact_snapshot
+from agmarl_common.core.cluster.model import Pod
+from agmarl_common.kube.convert import pods_on_nodes
+from agmarl_common.runtime.natsserver import NatsServer
+from agmarl_common.core.sim.traces import load_openb_nodes, load_openb_pods
+from agmarl_testing.fixtures import ServiceProcess
 
 CLUSTER = "bench"
 
@@ -68,7 +68,7 @@ def pod_json(p: Pod, i: int) -> dict:
 
 def preload(nodes, pods, count: int):
     """First-fit (rotating start) of ``count`` openb pods: a cluster that is partly used."""
-    from agmarl_common.cluster.model import ClusterState, bind, choose_gpus
+    from agmarl_common.core.cluster.model import ClusterState, bind, choose_gpus
     state = ClusterState.empty(nodes)
     placed = 0
     for k, p in enumerate(pods[:count]):

@@ -18,9 +18,9 @@ from multiprocessing import Pool
 
 import numpy as np
 
-from agmarl_common.policies.fgd import FGD_PAPER_POLICIES
-from agmarl_common.sim.inflation import run_inflation
-from agmarl_common.sim.traces import (GPU_NODES, available_workloads, load_fgd_expected, load_openb_nodes,
+from agmarl_common.core.policies.fgd import FGD_PAPER_POLICIES
+from agmarl_common.core.sim.inflation import run_inflation
+from agmarl_common.core.sim.traces import (GPU_NODES, available_workloads, load_fgd_expected, load_openb_nodes,
                                       load_openb_pods, openb_node_path, openb_pod_path)
 
 TOLERANCE = 1.0  # percentage points, on the 10-seed mean

@@ -25,12 +25,12 @@ import time
 
 import numpy as np
 
-from agmarl_common.cluster.model import GPU_MILLI, ClusterState, Pod
-from agmarl_common.features import node_order_keys
-from agmarl_common.policies.fgd import FgdPolicy
-from agmarl_common.policies.fgdpack import FgdPackPolicy
-from agmarl_common.sim.inflation import run_inflation
-from agmarl_common.sim.traces import ALL_NODES, load_openb_nodes, load_openb_pods, openb_node_path, openb_pod_path
+from agmarl_common.core.cluster.model import GPU_MILLI, ClusterState, Pod
+from agmarl_common.core.features import node_order_keys
+from agmarl_common.core.policies.fgd import FgdPolicy
+from agmarl_common.core.policies.fgdpack import FgdPackPolicy
+from agmarl_common.core.sim.inflation import run_inflation
+from agmarl_common.core.sim.traces import ALL_NODES, load_openb_nodes, load_openb_pods, openb_node_path, openb_pod_path
 
 VARIANTS = ("node-order", "random", "gpu-left", "name-hash", "fgd-pack", "cpu-spread")
 TIE_SHARE = 0.5 * 0.999  # the secondary key stays inside one score unit

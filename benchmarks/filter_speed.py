@@ -18,11 +18,11 @@ import argparse
 import time
 from dataclasses import replace
 
-from agmarl_common.cluster.filters import feasible_mask, filter_node, violations
-from agmarl_common.cluster.model import ClusterState, Pod, state_from_dict, state_to_dict
-from agmarl_common.policies.registry import get_policy
-from agmarl_common.sim.dynamic import SimConfig, run
-from agmarl_common.sim.synthetic import generate, synthetic_cluster
+from agmarl_common.core.cluster.filters import feasible_mask, filter_node, violations
+from agmarl_common.core.cluster.model import ClusterState, Pod, state_from_dict, state_to_dict
+from agmarl_common.core.policies.registry import get_policy
+from agmarl_common.core.sim.dynamic import SimConfig, run
+from agmarl_common.core.sim.synthetic import generate, synthetic_cluster
 
 
 def kind(pod: Pod) -> str:

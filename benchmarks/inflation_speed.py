@@ -11,9 +11,9 @@ import time
 
 import numpy as np
 
-from agmarl_common.policies.registry import get_policy
-from agmarl_common.sim.inflation import run_inflation
-from agmarl_common.sim.traces import ALL_NODES, GPU_NODES, load_openb_nodes, load_openb_pods, openb_node_path, \
+from agmarl_common.core.policies.registry import get_policy
+from agmarl_common.core.sim.inflation import run_inflation
+from agmarl_common.core.sim.traces import ALL_NODES, GPU_NODES, load_openb_nodes, load_openb_pods, openb_node_path, \
     openb_pod_path
 
 POLICIES = ("random", "dotprod", "gpu-clustering", "gpu-packing", "bestfit", "fgd")

@@ -29,11 +29,11 @@ from pathlib import Path
 import numpy as np
 from nats.js.api import DeliverPolicy
 
-from agmarl_common import messages as m
-from agmarl_common import subjects
-from agmarl_common.bus import Bus
-from agmarl_common.natsserver import NatsServer
-from agmarl_common.testing import wait_healthy
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
+from agmarl_common.runtime.bus import Bus
+from agmarl_common.runtime.natsserver import NatsServer
+from agmarl_testing.fixtures import wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVICES = ("graph-builder", "inference", "state-collector")

@@ -29,11 +29,11 @@ import numpy as np
 
 from agmarl_cli.bench import BenchSpec, compare_latency, start_state
 from agmarl_cli.eval_spec import EvalSpec, load_nodes, load_workload, parse_seeds
-from agmarl_common.cluster.filters import feasible_nodes
-from agmarl_common.policies.base import PolicyBase
-from agmarl_common.policies.registry import get_policy
-from agmarl_common.sim import traces
-from agmarl_common.sim.inflation import run_inflation
+from agmarl_common.core.cluster.filters import feasible_nodes
+from agmarl_common.core.policies.base import PolicyBase
+from agmarl_common.core.policies.registry import get_policy
+from agmarl_common.core.sim import traces
+from agmarl_common.core.sim.inflation import run_inflation
 
 SPEC = EvalSpec(protocol="inflation", workload="openb:default", nodes="openb:all")
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,

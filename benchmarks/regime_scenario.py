@@ -16,12 +16,12 @@ from typing import Sequence
 
 import numpy as np
 
-from agmarl_common.cluster.model import (ZONE_LABEL, LabelRequirement, LabelSelector, Node, NodeSelectorTerm, Pod,
+from agmarl_common.core.cluster.model import (ZONE_LABEL, LabelRequirement, LabelSelector, Node, NodeSelectorTerm, Pod,
                                          PodAffinityTerm, PreferredSchedulingTerm, WeightedPodAffinityTerm)
-from agmarl_common.reward import IO_HEAVY_LABEL, LOCAL_SSD_LABEL, NETWORK_HEAVY_LABEL
-from agmarl_common.sim import dynamic, synthetic
-from agmarl_common.sim.loadcurve import flat_curve
-from agmarl_common.sim.traces import GPU_NODES, load_openb_nodes, load_openb_pods, openb_node_path, openb_pod_path
+from agmarl_common.core.reward import IO_HEAVY_LABEL, LOCAL_SSD_LABEL, NETWORK_HEAVY_LABEL
+from agmarl_common.core.sim import dynamic, synthetic
+from agmarl_common.core.sim.loadcurve import flat_curve
+from agmarl_common.core.sim.traces import GPU_NODES, load_openb_nodes, load_openb_pods, openb_node_path, openb_pod_path
 
 BATCH_TARGET = 0.45
 GPU_BATCH_TARGET = 1.0  # --batch-kind gpu: GPU milli requested by the batch phases / the cluster's GPU milli

@@ -16,7 +16,7 @@ cores and memory per GPU, ``gpu_spec`` dropped, only shapes that fit an empty GP
 rate that requests ``GPU_BATCH_TARGET`` of the cluster's GPUs (Little's law). The library is then
 ``BENCH_EXPERTS_GPU``.
 
-Every policy sees the same cluster, workload and seeds. The reward is ``agmarl_common.reward``
+Every policy sees the same cluster, workload and seeds. The reward is ``agmarl_common.core.reward``
 over each ``--record`` s window (components from the state and the window's outcomes), totalled
 with each of the three schemes; the tables show the sum over the run (cumulative reward). The
 adaptive system is ``AdaptiveController`` (the adaptive-engine's logic): fed the fixed-scheme
@@ -45,15 +45,15 @@ from typing import Sequence
 
 import numpy as np
 
-from agmarl_common.adaptive.controller import AdaptiveController, ControllerConfig
-from agmarl_common.adaptive.features import mix_counts, regime_features
-from agmarl_common.adaptive.gate import DEFAULT_EXPERTS, ExpertLibrary, GateConfig
-from agmarl_common.cluster.model import Node, Pod
-from agmarl_common.policies.base import brief
-from agmarl_common.policies.registry import get_policy
-from agmarl_common.reward import SCHEMES, RewardScheme, outcomes_from_stats, reward_components, scheme_total
-from agmarl_common.reward import cluster_load
-from agmarl_common.sim import dynamic, synthetic
+from agmarl_common.core.adaptive.controller import AdaptiveController, ControllerConfig
+from agmarl_common.core.adaptive.features import mix_counts, regime_features
+from agmarl_common.core.adaptive.gate import DEFAULT_EXPERTS, ExpertLibrary, GateConfig
+from agmarl_common.core.cluster.model import Node, Pod
+from agmarl_common.core.policies.base import brief
+from agmarl_common.core.policies.registry import get_policy
+from agmarl_common.core.reward import SCHEMES, RewardScheme, outcomes_from_stats, reward_components, scheme_total
+from agmarl_common.core.reward import cluster_load
+from agmarl_common.core.sim import dynamic, synthetic
 from regime_scenario import GPU_FRACTION, openb_gpu_shapes, scenario_workload  # noqa: E402 - a sibling script module
 
 PHASES = ("online-heavy", "batch-heavy", "node-loss", "recovery")

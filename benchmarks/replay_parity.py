@@ -15,8 +15,8 @@ import json
 import numpy as np
 
 from agmarl_cli.eval_spec import resolve_policy
-from agmarl_common.sim import catalog
-from agmarl_common.sim.inflation import run_inflation
+from agmarl_common.core.sim import catalog
+from agmarl_common.core.sim.inflation import run_inflation
 
 
 def main() -> int:

@@ -17,9 +17,9 @@ from dataclasses import replace
 import numpy as np
 
 from agmarl_cli.bench import cluster_nodes, filled_state
-from agmarl_common.cluster.filters import feasible_nodes
-from agmarl_common.policies.rewardaware import RewardAwarePolicy
-from agmarl_common.sim import traces
+from agmarl_common.core.cluster.filters import feasible_nodes
+from agmarl_common.core.policies.rewardaware import RewardAwarePolicy
+from agmarl_common.core.sim import traces
 
 
 def timed(fn, batches, repeats: int) -> tuple[float, float, list]:

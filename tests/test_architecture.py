@@ -5,12 +5,12 @@ only", DESIGN.md "Shape of the shared library").
 Every import counts: module level, inside functions, under ``if TYPE_CHECKING:`` (a deferred import that
 dodges a cycle is still a cycle). The layers, low to high, and their groups:
 
-    0  core      agmarl_common.cluster, .sim, .policies (but onnx_model), .features*, .reward, .adaptive,
-                 .pathnames
-    1  runtime   .messages, .subjects, .bus, .service, .telemetry, .metrics, .settings, .natsserver,
-                 .natsauth, .permissions
-    2  kube      .kubeconvert*, .kubeclient   |  serving   .policies.onnx_model, .modelstore, .signing
-    3  services  agmarl_<service>, one group each   |  rigs  .testing* (test rigs, for tests only)
+    0  core      agmarl_common.core: .cluster, .sim, .policies, .features, .reward, .adaptive, .pathnames
+    1  runtime   agmarl_common.runtime: .messages, .subjects, .bus, .service, .telemetry, .metrics, .settings,
+                 .natsserver, .natsauth, .permissions, .health
+    2  kube      agmarl_common.kube (conversion, the client loader)  |  serving  agmarl_common.serving
+                 (.onnx_model, .modelstore, .signing)
+    3  services  agmarl_<service>, one group each   |  rigs  agmarl_testing (libs/testing: test rigs, never shipped)
     4  cli       agmarl_cli
 
 A module imports its own group and lower layers only: never a higher layer, never a sibling group of its
@@ -31,63 +31,37 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE_ROOTS = [ROOT / "libs" / "common", ROOT / "cli", *sorted(p for p in (ROOT / "services").iterdir() if p.is_dir())]
+PACKAGE_ROOTS = [ROOT / "libs" / "common", ROOT / "libs" / "testing", ROOT / "cli", *sorted(p for p in (ROOT / "services").iterdir() if p.is_dir())]
 LIBRARY_TESTS = ROOT / "libs" / "common" / "tests"
 
 # module pattern -> (layer, group); the longest matching pattern wins. "x" matches x and x.*, "x*" any
 # module whose name starts with x. Top-level agmarl_<service> packages are layer 3, their own group.
 LAYERS = {
-    "agmarl_common": (0, "core"),  # the package itself (an empty __init__)
-    "agmarl_common.cluster": (0, "core"),
-    "agmarl_common.sim": (0, "core"),
-    "agmarl_common.policies": (0, "core"),
-    "agmarl_common.features*": (0, "core"),
-    "agmarl_common.reward": (0, "core"),
-    "agmarl_common.adaptive": (0, "core"),
-    "agmarl_common.pathnames": (0, "core"),
-    "agmarl_common.messages": (1, "runtime"),
-    "agmarl_common.subjects": (1, "runtime"),
-    "agmarl_common.bus": (1, "runtime"),
-    "agmarl_common.service": (1, "runtime"),
-    "agmarl_common.telemetry": (1, "runtime"),
-    "agmarl_common.metrics": (1, "runtime"),
-    "agmarl_common.settings": (1, "runtime"),
-    "agmarl_common.natsserver": (1, "runtime"),
-    "agmarl_common.natsauth": (1, "runtime"),
-    "agmarl_common.permissions": (1, "runtime"),
-    "agmarl_common.kubeconvert*": (2, "kube"),
-    "agmarl_common.kubeclient": (2, "kube"),
-    "agmarl_common.policies.onnx_model": (2, "serving"),
-    "agmarl_common.modelstore": (2, "serving"),
-    "agmarl_common.signing": (2, "serving"),
-    "agmarl_common.testing*": (3, "rigs"),
+    "agmarl_common": (0, "core"),  # the package itself (a docstring only)
+    "agmarl_common.core": (0, "core"),
+    "agmarl_common.runtime": (1, "runtime"),
+    "agmarl_common.kube": (2, "kube"),
+    "agmarl_common.serving": (2, "serving"),
+    "agmarl_testing": (3, "rigs"),
     "agmarl_cli": (4, "cli"),
 }
 SERVICE_LAYER = 3
 
 # rules inside one group: (importer pattern, imported pattern, rule)
 FORBIDDEN = [
-    *[("agmarl_common.cluster", core, "the cluster model and hard filter are the bottom of the core")
-      for core in ("agmarl_common.sim", "agmarl_common.policies", "agmarl_common.features*", "agmarl_common.reward",
-                   "agmarl_common.adaptive")],
-    ("agmarl_common.features*", "agmarl_common.policies", "features do not import policies"),
-    ("agmarl_common.reward", "agmarl_common.sim", "the reward does not import the simulator"),
+    *[("agmarl_common.core.cluster", core, "the cluster model and hard filter are the bottom of the core")
+      for core in ("agmarl_common.core.sim", "agmarl_common.core.policies", "agmarl_common.core.features*", "agmarl_common.core.reward",
+                   "agmarl_common.core.adaptive")],
+    ("agmarl_common.core.features*", "agmarl_common.core.policies", "features do not import policies"),
+    ("agmarl_common.core.reward", "agmarl_common.core.sim", "the reward does not import the simulator"),
 ]
 
 # (importer, imported) -> why it is still here. Importer: a module, or a library test file (path from the
 # repository root). Imported: a module, or for a library test the package it names.
 ALLOWED = {
-    ("agmarl_common.features_pairs", "agmarl_common.policies.rewardaware"):
-        "the reward_gain column is the reward-aware expert's score; the scorer moves below features "
-        "with the core subpackage split",
-    ("agmarl_common.reward", "agmarl_common.sim.metrics"):
-        "sla_violators: sim.metrics holds the pure cluster-state metrics (cpu pressure, hot nodes) that "
-        "policies share too; they move below the reward with the core subpackage split",
-    ("libs/common/tests/test_onnx_model.py", "agmarl_trainer"):
-        "trains the smoke model with the trainer CLI and compares with export.onnx_scores; needs a "
-        "committed fixture model or a move to services/trainer/tests",
-    ("libs/common/tests/test_natsauth.py", "agmarl_cli"):
-        "runs the CLI verbs on a real server to check the operator/cli permissions; belongs in cli/tests",
+    ("agmarl_common.core.features.pairs", "agmarl_common.core.policies.rewardaware"):
+        "the reward_gain column is the reward-aware expert's score (with kube-default's preference "
+        "plugins); the pure pair scorers move below both features and policies in a core.scoring package",
 }
 
 
@@ -262,7 +236,7 @@ def library_test_violations() -> dict[tuple[str, str], str]:
     """(test file, package) -> how a library test reaches above the library: an import of a service or the
     CLI, or a string naming one (``python -m agmarl_trainer.cli``, code run in a subprocess); docstrings
     and comments aside."""
-    tops = {m.split(".")[0] for m in MODULES} - {"agmarl_common"}
+    tops = {m.split(".")[0] for m in MODULES} - {"agmarl_common", "agmarl_testing"}  # rigs are for tests
     found: dict[tuple[str, str], list[str]] = defaultdict(list)
     for path in sorted(LIBRARY_TESTS.rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
@@ -282,13 +256,13 @@ def test_the_walk_finds_every_package_and_the_imports_inside_functions():
     tops = {m.split(".")[0] for m in MODULES}
     assert {"agmarl_common", "agmarl_cli", "agmarl_inference", "agmarl_trainer"} <= tops
     tree = ast.parse("import numpy\n"
-                     "def f():\n    from agmarl_common.cluster import model\n"
-                     "if TYPE_CHECKING:\n    import agmarl_common.reward\n"
+                     "def f():\n    from agmarl_common.core.cluster import model\n"
+                     "if TYPE_CHECKING:\n    import agmarl_common.core.reward\n"
                      "from .base import PolicyBase\n"
-                     "from agmarl_common.cluster.model import Pod\n")
-    assert sorted(imports(tree, "agmarl_common.policies")) == [
-        ("agmarl_common.cluster.model", 3), ("agmarl_common.cluster.model", 7), ("agmarl_common.policies.base", 6),
-        ("agmarl_common.reward", 5)]
+                     "from agmarl_common.core.cluster.model import Pod\n")
+    assert sorted(imports(tree, "agmarl_common.core.policies")) == [
+        ("agmarl_common.core.cluster.model", 3), ("agmarl_common.core.cluster.model", 7), ("agmarl_common.core.policies.base", 6),
+        ("agmarl_common.core.reward", 5)]
 
 
 def test_cycles_are_found_with_the_path_through_them():

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from agmarl_common.features_pairs import OBJECTIVES
-from agmarl_common.reward import SCHEMES
-from agmarl_common.settings import CommonSettings, Objective, RolloutMode, Scheme, Source
+from agmarl_common.core.features.pairs import OBJECTIVES
+from agmarl_common.core.reward import SCHEMES
+from agmarl_common.runtime.settings import CommonSettings, Objective, RolloutMode, Scheme, Source
 
 ROOT = Path(__file__).resolve().parents[1]
 

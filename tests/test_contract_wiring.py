@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from agmarl_common import messages, subjects
+from agmarl_common.runtime import messages, subjects
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVICES = ("state-collector", "graph-builder", "inference", "reward-calculator", "adaptive-engine", "trainer")

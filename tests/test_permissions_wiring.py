@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agmarl_common import permissions, subjects
-from agmarl_common.adaptive import history
+from agmarl_common.runtime import permissions, subjects
+from agmarl_common.core.adaptive import history
 
 ROOT = Path(__file__).resolve().parents[1]
 PUBLISH_CALLS = {"publish", "js_publish", "request", "request_many"}
@@ -52,7 +52,7 @@ def test_every_publish_is_allowed_by_the_generated_permissions(service: str):
             if subject is not None:
                 checked += 1
                 assert permissions.may_publish(perms, subject), f"{service} ({where}) publishes {subject}: " \
-                    "not in its catalogue permissions (add it to the producer in agmarl_common/subjects.py)"
+                    "not in its catalogue permissions (add it to the producer in agmarl_common/runtime/subjects.py)"
         if method in KV_WRITES and len(args) >= 2:
             key = args[1].attr if isinstance(args[1], ast.Attribute) else None
             if key in KEY_NAMES:

@@ -31,7 +31,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from agmarl_common.settings import CommonSettings
+from agmarl_common.runtime.settings import CommonSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "configuration.md"
@@ -60,7 +60,7 @@ Outside the settings classes:
 | `NATS_URL` | every service, the CLI | NATS server URL, below `AGMARL_NATS_URL` |
 | `AGMARL_CONFIG` | every service | YAML settings file (defaults < YAML < environment) |
 | `AGMARL_STATE_DIR` | the CLI (`agmarl up`), trainer | local state: NATS store, logs, traces, `run.json`; default `./.state` |
-| `KUBECONFIG` | state-collector, inference | kubeconfig path(s) when `AGMARL_KUBECONFIG` is empty (`agmarl_common.kubeclient`) |
+| `KUBECONFIG` | state-collector, inference | kubeconfig path(s) when `AGMARL_KUBECONFIG` is empty (`agmarl_common.kube.client`) |
 | `OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_SERVICE_NAME`, ... | every service | OpenTelemetry export (standard names) |
 | `AGMARL_OTLP_ENDPOINT` | docker-compose.yml only | substituted into `OTEL_EXPORTER_OTLP_ENDPOINT` (default: Jaeger) |
 

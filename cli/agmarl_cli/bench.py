@@ -25,10 +25,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from agmarl_common import modelstore
-from agmarl_common.cluster.filters import feasible_nodes, fits_gpu, fits_resources
-from agmarl_common.cluster.model import ClusterState, Node, Pod, bind, unbind_at
-from agmarl_common.sim import traces
+from agmarl_common.serving import modelstore
+from agmarl_common.core.cluster.filters import feasible_nodes, fits_gpu, fits_resources
+from agmarl_common.core.cluster.model import ClusterState, Node, Pod, bind, unbind_at
+from agmarl_common.core.sim import traces
 
 # (nodes, batch) -> the p99 target in ms (docs/model.md, "Serving latency")
 TARGETS_MS = {(1523, 1): 5.0, (5000, 1): 10.0, (1523, 64): 50.0}
@@ -76,7 +76,7 @@ def _place_baseline(policy, pod: Pod, state: ClusterState) -> ClusterState:
 
 def filled_state(nodes: Sequence[Node], workload: Sequence[Pod], count: int, rng: np.random.Generator) -> ClusterState:
     """``count`` pods of the workload (renamed, so keys are unique) placed by BestFit."""
-    from agmarl_common.policies.registry import get_policy  # noqa: PLC0415
+    from agmarl_common.core.policies.registry import get_policy  # noqa: PLC0415
 
     bestfit = get_policy("bestfit")
     state = ClusterState.empty(nodes)
@@ -149,7 +149,7 @@ def _step(policy, pods: list[Pod], state: ClusterState, batch: int) -> tuple[flo
 
 def run_latency(spec: BenchSpec) -> dict[str, Any]:
     """Measure; returns the report (latencies in ms)."""
-    from agmarl_common.policies.onnx_model import OnnxModelPolicy  # noqa: PLC0415
+    from agmarl_common.serving.onnx_model import OnnxModelPolicy  # noqa: PLC0415
 
     if spec.nodes < 1 or spec.batch < 1 or spec.steps < 1 or spec.warmup < 0:
         raise ValueError("--nodes, --batch and --steps must be >= 1, --warmup >= 0")

@@ -7,10 +7,10 @@ import time
 import uuid
 
 from agmarl_cli.supervisor import find_nats_auth, find_nats_url, latest_trace_dir
-from agmarl_common import messages as m
-from agmarl_common import subjects
-from agmarl_common.bus import Bus
-from agmarl_common.telemetry import read_spans, span_tree
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
+from agmarl_common.runtime.bus import Bus
+from agmarl_common.runtime.telemetry import read_spans, span_tree
 
 
 def format_decision(d: m.Decision) -> str:

@@ -14,11 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from agmarl_common import reward
-from agmarl_common.cluster.filters import violations
-from agmarl_common.policies.base import Policy, brief
-from agmarl_common.sim import dynamic, metrics
-from agmarl_common.sim.inflation import MAX_ARRIVED_PCT, run_inflation
+from agmarl_common.core import reward
+from agmarl_common.core.cluster.filters import violations
+from agmarl_common.core.policies.base import Policy, brief
+from agmarl_common.core.cluster import metrics as state_metrics
+from agmarl_common.core.sim import dynamic, metrics
+from agmarl_common.core.sim.inflation import MAX_ARRIVED_PCT, run_inflation
 from agmarl_cli.eval_spec import EvalSpec, load_nodes, load_workload, resolve_policy
 
 
@@ -90,10 +91,10 @@ def run_dynamic_with_reward(policy: Policy, nodes, workload, config: dynamic.Sim
         state, _ = dynamic.advance(state, config.tick_s, config)
         state = dynamic.schedule_pending(policy, state, config, retry)
         if k % every == 0 or k == n_ticks:
-            util = metrics.utilisation(state.cluster)
-            bad, total = metrics.sla_violators(state.cluster, config.sla_cpu_threshold)
+            util = state_metrics.utilisation(state.cluster)
+            bad, total = state_metrics.sla_violators(state.cluster, config.sla_cpu_threshold)
             sla_pods.update(bad)
-            rows.append((state.time, util["cpu"], util["mem"], util["gpu"], metrics.balance(state.cluster),
+            rows.append((state.time, util["cpu"], util["mem"], util["gpu"], state_metrics.balance(state.cluster),
                          float(len(state.pending)), float(len(state.running)), float(len(bad)), float(total)))
             found = violations(state.cluster)
             if len(found) > worst:

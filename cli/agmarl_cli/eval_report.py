@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from agmarl_common.sim.inflation import MAX_ARRIVED_PCT
+from agmarl_common.core.sim.inflation import MAX_ARRIVED_PCT
 from agmarl_cli.eval_spec import DYNAMIC_SERIES, INFLATION_CURVES, EvalSpec
 
 

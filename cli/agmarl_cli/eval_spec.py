@@ -10,11 +10,11 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
-from agmarl_common.cluster.model import Node, Pod
-from agmarl_common.policies.base import Policy
-from agmarl_common.policies.registry import MODEL_PREFIX  # noqa: F401  (re-exported by agmarl_cli.evaluate)
-from agmarl_common.sim import catalog, synthetic, traces
-from agmarl_common.sim.catalog import SYNTHETIC_CLUSTER_SEED  # noqa: F401  (re-exported)
+from agmarl_common.core.cluster.model import Node, Pod
+from agmarl_common.core.policies.base import Policy
+from agmarl_common.core.policies.registry import MODEL_PREFIX  # noqa: F401  (re-exported by agmarl_cli.evaluate)
+from agmarl_common.core.sim import catalog, synthetic, traces
+from agmarl_common.core.sim.catalog import SYNTHETIC_CLUSTER_SEED  # noqa: F401  (re-exported)
 
 PROTOCOLS = ("inflation", "dynamic")
 MAX_SEEDS = 1000
@@ -62,15 +62,15 @@ def parse_seeds(text: str) -> list[int]:
 
 def known_policy_names() -> list[str]:
     """Registry names, plus the FGD-paper policies when the registry does not list them (yet)."""
-    from agmarl_common.policies.fgd import FGD_PAPER_POLICIES  # noqa: PLC0415
-    from agmarl_common.policies.registry import policy_names  # noqa: PLC0415
+    from agmarl_common.core.policies.fgd import FGD_PAPER_POLICIES  # noqa: PLC0415
+    from agmarl_common.core.policies.registry import policy_names  # noqa: PLC0415
     return sorted(set(policy_names()) | set(FGD_PAPER_POLICIES))
 
 
 def resolve_policy(name: str, seed: int) -> Policy:
     """A fresh policy: the registry first (``model:*`` included when a helper registered it)."""
-    from agmarl_common.policies.fgd import FGD_PAPER_POLICIES  # noqa: PLC0415
-    from agmarl_common.policies.registry import get_policy, is_model  # noqa: PLC0415
+    from agmarl_common.core.policies.fgd import FGD_PAPER_POLICIES  # noqa: PLC0415
+    from agmarl_common.core.policies.registry import get_policy, is_model  # noqa: PLC0415
     try:
         return get_policy(name, seed)
     except KeyError:

@@ -5,7 +5,7 @@ Two protocols over the same policy registry:
   GPU allocation and fragmentation against arrived workload, 0..130 % of GPU capacity;
 - ``dynamic``: the time-driven simulator (arrivals, durations, pending queue); utilisation,
   balance, pending times, SLA and hard-constraint violations, and the composite reward of
-  ``agmarl_common.reward`` averaged over the record points of the run.
+  ``agmarl_common.core.reward`` averaged over the record points of the run.
 
 Every (policy, seed) pair is one job; a job depends on nothing but its arguments, so a seed
 replays exactly whatever the number of worker processes. Results are aggregated per policy as

@@ -41,13 +41,13 @@ from typing import Any
 import numpy as np
 import yaml
 
-from agmarl_common import messages as m
-from agmarl_common import subjects
-from agmarl_common.bus import Bus
-from agmarl_common.cluster import changes as ch
-from agmarl_common.cluster.compact import compact_snapshot
-from agmarl_common.cluster.model import ClusterState, Node, Pod
-from agmarl_common.natsserver import NatsServer
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
+from agmarl_common.runtime.bus import Bus
+from agmarl_common.core.cluster import changes as ch
+from agmarl_common.core.cluster.compact import compact_snapshot
+from agmarl_common.core.cluster.model import ClusterState, Node, Pod
+from agmarl_common.runtime.natsserver import NatsServer
 
 KUBE_SCHEDULER_MS = 5.7  # kube-scheduler v1.36 alone, per pod (issue 13: 156-191 pods/s on 100 nodes)
 TARGET_ADDED_MS = 2.4  # added per pod at 100 nodes: kube-scheduler keeps >= 70 % of its rate

@@ -18,7 +18,7 @@ It reports:
   scheduler's final and per-plugin weighted scores), the share of (pod, node) pairs whose score
   the policy reproduces exactly, per plugin and for the final score.
 
-Conversion of the Kubernetes objects goes through ``agmarl_common.kubeconvert``. The replay itself
+Conversion of the Kubernetes objects goes through ``agmarl_common.kube.convert``. The replay itself
 (``parse_recording``, ``replay``, ``summarise``, ``compare_scores``) is pure; ``fidelity_command``
 is the shell: bad input is a ``FidelityError`` printed on one line, exit status 2.
 """
@@ -35,12 +35,12 @@ from typing import Any
 
 import numpy as np
 
-from agmarl_common.cluster.filters import feasible_nodes
+from agmarl_common.core.cluster.filters import feasible_nodes
 from agmarl_cli.eval_spec import resolve_policy
-from agmarl_common.cluster.model import MAX_GPUS, ClusterState, Node, Pod
-from agmarl_common.cluster.state import bind
-from agmarl_common.kubeconvert import KubeConvertError, node_from_k8s, pod_from_k8s, pods_on_nodes
-from agmarl_common.policies.base import Policy, admitted, brief
+from agmarl_common.core.cluster.model import MAX_GPUS, ClusterState, Node, Pod
+from agmarl_common.core.cluster.state import bind
+from agmarl_common.kube.convert import KubeConvertError, node_from_k8s, pod_from_k8s, pods_on_nodes
+from agmarl_common.core.policies.base import Policy, admitted, brief
 
 KIND_LABEL = "kind"  # the category label the recorded pods carry (plain, gpu, spread-soft, ...)
 

@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from agmarl_common import modelstore, signing
+from agmarl_common.serving import modelstore, signing
 
 LOCAL_KEY_NAME = "model-signing"
 

@@ -22,8 +22,8 @@ import sys
 import yaml
 
 from agmarl_cli.supervisor import creds_dir
-from agmarl_common import permissions
-from agmarl_common.natsauth import AUTH_CONFIG, Credentials, ensure_credentials
+from agmarl_common.runtime import permissions
+from agmarl_common.runtime.natsauth import AUTH_CONFIG, Credentials, ensure_credentials
 
 SEED_KEY = "seed.nk"
 

@@ -13,11 +13,12 @@ import sys
 import time
 
 from agmarl_cli.supervisor import find_nats_auth, find_nats_url
-from agmarl_common import messages as m
-from agmarl_common import modelstore, subjects
-from agmarl_common.adaptive import history as hist
-from agmarl_common.bus import Bus
-from agmarl_common.policies.registry import get_policy
+from agmarl_common.runtime import messages as m
+from agmarl_common.serving import modelstore
+from agmarl_common.runtime import subjects
+from agmarl_common.core.adaptive import history as hist
+from agmarl_common.runtime.bus import Bus
+from agmarl_common.core.policies.registry import get_policy
 
 MODES = ("shadow", "recommend", "canary", "hybrid", "full")
 SHOW_HISTORY = 10

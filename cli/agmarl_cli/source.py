@@ -4,7 +4,7 @@ cluster seen from a workstation (``--source kubernetes``, or ``AGMARL_SOURCE=kub
 For a real cluster every service gets the settings the deploy files use: the cluster name ``default``
 (deploy/k8s/base), ``AGMARL_SOURCE=kubernetes`` for the state-collector, and one kubeconfig
 (``AGMARL_KUBECONFIG`` / ``AGMARL_KUBE_CONTEXT``) for every component that talks to the API
-(``agmarl_common.kubeclient``): the state-collector's watch, inference's batch binder and bind verb.
+(``agmarl_common.kube.client``): the state-collector's watch, inference's batch binder and bind verb.
 A flag wins over the same ``AGMARL_*`` variable in the shell, which wins over the default.
 """
 
@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from agmarl_common.cluster.specs import AGMARL_SCHEDULER
-from agmarl_common.kubeclient import resolve
+from agmarl_common.core.cluster.specs import AGMARL_SCHEDULER
+from agmarl_common.kube.client import resolve
 
 SIM_CLUSTER = "sim"
 KUBE_CLUSTER = "default"  # AGMARL_CLUSTER in deploy/k8s/base/kustomization.yaml

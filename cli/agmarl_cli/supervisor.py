@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from agmarl_common import permissions
-from agmarl_common.natsauth import Credentials, NatsAuth, ensure_credentials, seed_path
-from agmarl_common.natsserver import NatsServer, free_port
+from agmarl_common.runtime import permissions
+from agmarl_common.runtime.natsauth import Credentials, NatsAuth, ensure_credentials, seed_path
+from agmarl_common.runtime.natsserver import NatsServer, free_port
 
 SERVICES = ("state-collector", "graph-builder", "inference", "reward-calculator", "adaptive-engine", "trainer")
 NATS = "nats-server"  # the embedded server's name in restart reports

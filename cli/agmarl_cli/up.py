@@ -12,8 +12,8 @@ from pathlib import Path
 from agmarl_cli.keys import local_model_keys
 from agmarl_cli.monitor import Monitor, check_health, traces_complete
 from agmarl_cli.supervisor import SERVICES, System, state_dir
-from agmarl_common.bus import Bus
-from agmarl_common.telemetry import read_spans
+from agmarl_common.runtime.bus import Bus
+from agmarl_common.runtime.telemetry import read_spans
 
 STARTUP_TIMEOUT = 60.0  # the start gate: every service healthy within this, however loaded the machine
 PROBE_TIMEOUTS = (1.0, 2.0, 4.0, 8.0)  # one health probe's wait, longer on each try (the last one repeats)

@@ -16,8 +16,8 @@ import pytest
 
 from agmarl_cli.bench import cluster_nodes
 from agmarl_cli.main import main
-from agmarl_common import modelstore
-from agmarl_common.sim.traces import GPU_NODES, openb_node_path, openb_pod_path
+from agmarl_common.serving import modelstore
+from agmarl_common.core.sim.traces import GPU_NODES, openb_node_path, openb_pod_path
 
 REPO = Path(__file__).resolve().parents[2]
 

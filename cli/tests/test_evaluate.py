@@ -12,10 +12,10 @@ import pytest
 
 from agmarl_cli.evaluate import EvalError, EvalSpec, parse_seeds, run_dynamic_with_reward
 from agmarl_cli.main import main
-from agmarl_common.policies.registry import get_policy
-from agmarl_common.sim import dynamic, synthetic
-from agmarl_common.sim.inflation import MAX_ARRIVED_PCT
-from agmarl_common.sim.traces import GPU_NODES, openb_node_path, openb_pod_path
+from agmarl_common.core.policies.registry import get_policy
+from agmarl_common.core.sim import dynamic, synthetic
+from agmarl_common.core.sim.inflation import MAX_ARRIVED_PCT
+from agmarl_common.core.sim.traces import GPU_NODES, openb_node_path, openb_pod_path
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -172,7 +172,7 @@ def test_bad_input_from_the_command_line_has_no_traceback(tmp_path, openb_small)
 ])
 def test_compress_times(times, durations, horizon, want_times, want_durations):
     from agmarl_cli.evaluate import compress_times  # noqa: PLC0415
-    from agmarl_common.cluster.model import Pod  # noqa: PLC0415
+    from agmarl_common.core.cluster.model import Pod  # noqa: PLC0415
     pods = tuple(Pod(name=f"p{k}", cpu_milli=100, memory_mib=1, creation_time=t, duration=d)
                  for k, (t, d) in enumerate(zip(times, durations)))
     out = compress_times(pods, horizon)

@@ -11,7 +11,7 @@ import pytest
 
 from agmarl_cli.fidelity import parse_recording, replay, summarise
 from agmarl_cli.main import main
-from agmarl_common.policies.registry import get_policy
+from agmarl_common.core.policies.registry import get_policy
 
 TARGET = 0.99
 

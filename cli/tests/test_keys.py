@@ -8,7 +8,7 @@ import shutil
 
 from agmarl_cli.keys import local_model_keys
 from agmarl_cli.main import main
-from agmarl_common import modelstore
+from agmarl_common.serving import modelstore
 
 
 def test_generate_sign_and_verify_a_model_folder(tmp_path, capsys, monkeypatch):

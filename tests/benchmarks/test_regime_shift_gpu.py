@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agmarl_common.cluster.model import ClusterState, Node, Pod
-from agmarl_common.cluster.node_checks import fits_resources
-from agmarl_common.sim import synthetic
-from agmarl_common.sim.traces import openb_pod_path
+from agmarl_common.core.cluster.model import ClusterState, Node, Pod
+from agmarl_common.core.cluster.node_checks import fits_resources
+from agmarl_common.core.sim import synthetic
+from agmarl_common.core.sim.traces import openb_pod_path
 
 _PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "regime_scenario.py"
 

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from agmarl_common.settings import CommonSettings
+from agmarl_common.runtime.settings import CommonSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"

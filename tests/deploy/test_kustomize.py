@@ -141,7 +141,7 @@ def test_agmarl_services_are_deployed_with_metrics_for_prometheus():
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_liveness_and_readiness_reflect_nats_and_handlers(overlay: str):
     """Every service's liveness is the runtime's /healthz on its metrics port (NATS within its grace, event
-    loop beating, no handler stuck: libs/common/agmarl_common/health.py); readiness is a /readyz."""
+    loop beating, no handler stuck: libs/common/agmarl_common/runtime/health.py); readiness is a /readyz."""
     for service in SERVICES:
         container = pod_spec(one(overlay, "Deployment", service))["containers"][0]
         live = container["livenessProbe"]

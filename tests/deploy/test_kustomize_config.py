@@ -14,11 +14,11 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from agmarl_common.natsauth import ensure_credentials
-from agmarl_common.natsserver import DEFAULT_MAX_PAYLOAD
+from agmarl_common.runtime.natsauth import ensure_credentials
+from agmarl_common.runtime.natsserver import DEFAULT_MAX_PAYLOAD
 
-from agmarl_common.cluster.specs import AGMARL_BATCH_SCHEDULER, AGMARL_SCHEDULER
-from agmarl_common.settings import load_settings
+from agmarl_common.core.cluster.specs import AGMARL_BATCH_SCHEDULER, AGMARL_SCHEDULER
+from agmarl_common.runtime.settings import load_settings
 from agmarl_state_collector.settings import CollectorSettings
 
 from .test_compose import SERVICES, settings_fields

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agmarl_common import permissions
-from agmarl_common.bus import Bus
-from agmarl_common.natsauth import NatsAuth, ensure_credentials
-from agmarl_common.natsserver import free_port
+from agmarl_common.runtime import permissions
+from agmarl_common.runtime.bus import Bus
+from agmarl_common.runtime.natsauth import NatsAuth, ensure_credentials
+from agmarl_common.runtime.natsserver import free_port
 
 from .kustomize import NATS_BIN, OVERLAYS, configmap, objects, one, pod_spec
 from .test_compose import SERVICES, compose

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import pytest
 from agmarl_cli.supervisor import SERVICES, System, module_of
-from agmarl_common import subjects
-from agmarl_common.bus import Bus
-from agmarl_common.messages import HealthStatus
+from agmarl_common.runtime import subjects
+from agmarl_common.runtime.bus import Bus
+from agmarl_common.runtime.messages import HealthStatus
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL = re.compile(r"pip install --no-deps \.")
@@ -99,14 +99,14 @@ def install(tmp_path_factory: pytest.TempPathFactory) -> Install:
 
 
 def test_wheel_holds_every_package_and_the_model_folders(install: Install):
-    probe = ("import importlib, json, sys; from agmarl_common import modelstore; "
+    probe = ("import importlib, json, sys; from agmarl_common.serving import modelstore; "
              "mods = sys.argv[1:]; "
              "print(json.dumps({'files': {m: importlib.import_module(m).__file__ for m in mods}, "
              "'models': str(modelstore.MODELS_DIR)}))")
     packages = sorted(p.parent.relative_to(ROOT / root).as_posix().replace("/", ".")
                       for root in ("libs/common", "cli", *(f"services/{s}" for s in SERVICES))
                       for p in (ROOT / root).glob("agmarl_*/**/__init__.py"))
-    assert {"agmarl_common.adaptive", "agmarl_adaptive_engine", "agmarl_trainer"} <= set(packages)
+    assert {"agmarl_common.core.adaptive", "agmarl_adaptive_engine", "agmarl_trainer"} <= set(packages)
     found = json.loads(run([install.python, "-c", probe, *packages], install.workdir))
     for module, path in found["files"].items():
         assert Path(path).is_relative_to(install.site), f"{module} imported from {path}, not the wheel"

@@ -63,18 +63,19 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from agmarl_common import messages as m
-from agmarl_common import modelstore, signing, subjects
-from agmarl_common.adaptive import history as hist
-from agmarl_common.bus import Bus
-from agmarl_common.cluster.compact import bound_pod_dicts
-from agmarl_common.cluster.filters import feasible_nodes, filter_node, violations
-from agmarl_common.cluster.model import (ClusterState, Node, Pod, bind, choose_gpus, pod_from_dict, state_from_dict,
+from agmarl_common.runtime import messages as m
+from agmarl_common.serving import modelstore, signing
+from agmarl_common.runtime import subjects
+from agmarl_common.core.adaptive import history as hist
+from agmarl_common.runtime.bus import Bus
+from agmarl_common.core.cluster.compact import bound_pod_dicts
+from agmarl_common.core.cluster.filters import feasible_nodes, filter_node, violations
+from agmarl_common.core.cluster.model import (ClusterState, Node, Pod, bind, choose_gpus, pod_from_dict, state_from_dict,
                                          state_to_dict, to_dict)
-from agmarl_common.features import EDGE_FEATURES
-from agmarl_common.policies.onnx_model import OnnxModelPolicy
-from agmarl_common.policies.registry import get_policy
-from agmarl_common.testing import wait_healthy
+from agmarl_common.core.features import EDGE_FEATURES
+from agmarl_common.serving.onnx_model import OnnxModelPolicy
+from agmarl_common.core.policies.registry import get_policy
+from agmarl_testing.fixtures import wait_healthy
 from agmarl_trainer.app import TrainerApp
 
 from .conftest import SERVICES, module_of, wait_for

@@ -20,7 +20,7 @@ def module_of(service: str) -> str:
 @pytest.mark.parametrize("service", [s for s in SERVICES if s != "trainer"])
 def test_service_runs_without_torch(service):
     code = (f"import sys, runpy; import {module_of(service)}.app; "
-            "import agmarl_common.cluster.filters, agmarl_common.policies.registry as r; r.policy_names(); "
+            "import agmarl_common.core.cluster.filters, agmarl_common.core.policies.registry as r; r.policy_names(); "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, f"{service} imported torch\n{out.stderr}"

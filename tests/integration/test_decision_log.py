@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from agmarl_common import messages as m
-from agmarl_common import subjects
-from agmarl_common.bus import Bus
-from agmarl_common.natsserver import NatsServer
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
+from agmarl_common.runtime.bus import Bus
+from agmarl_common.runtime.natsserver import NatsServer
 
 
 def decision(i: int, ns: str) -> m.Decision:

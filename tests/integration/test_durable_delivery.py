@@ -20,11 +20,11 @@ import socket
 import subprocess
 import time
 
-from agmarl_common import messages as m
-from agmarl_common import subjects
-from agmarl_common.bus import Bus
-from agmarl_common.natsserver import find_binary
-from agmarl_common.testing import wait_healthy
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
+from agmarl_common.runtime.bus import Bus
+from agmarl_common.runtime.natsserver import find_binary
+from agmarl_testing.fixtures import wait_healthy
 
 from .conftest import metric_value, module_of, scrape, wait_for
 from .test_live_replay import sub_cluster

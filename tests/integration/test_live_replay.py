@@ -10,11 +10,11 @@ import json
 import numpy as np
 import pytest
 
-from agmarl_common.bus import Bus
-from agmarl_common.policies.registry import get_policy
-from agmarl_common.sim import traces
-from agmarl_common.sim.inflation import run_inflation
-from agmarl_common.testing import wait_healthy
+from agmarl_common.runtime.bus import Bus
+from agmarl_common.core.policies.registry import get_policy
+from agmarl_common.core.sim import traces
+from agmarl_common.core.sim.inflation import run_inflation
+from agmarl_testing.fixtures import wait_healthy
 
 from .conftest import module_of, wait_for
 

@@ -14,13 +14,13 @@ import functools
 import time
 from collections import Counter
 
-from agmarl_common import messages as m
-from agmarl_common import subjects
-from agmarl_common.adaptive import history as hist
-from agmarl_common.bus import Bus
-from agmarl_common.cluster.filters import violations
-from agmarl_common.cluster.model import state_from_dict
-from agmarl_common.testing import wait_healthy
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
+from agmarl_common.core.adaptive import history as hist
+from agmarl_common.runtime.bus import Bus
+from agmarl_common.core.cluster.filters import violations
+from agmarl_common.core.cluster.model import state_from_dict
+from agmarl_testing.fixtures import wait_healthy
 
 from .conftest import module_of, wait_for
 

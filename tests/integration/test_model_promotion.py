@@ -20,13 +20,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from agmarl_common import messages as m
-from agmarl_common import modelstore, signing, subjects
-from agmarl_common.adaptive import history as hist
-from agmarl_common.bus import Bus
-from agmarl_common.cluster.model import ClusterState, Node, Pod, to_dict
+from agmarl_common.runtime import messages as m
+from agmarl_common.serving import modelstore, signing
+from agmarl_common.runtime import subjects
+from agmarl_common.core.adaptive import history as hist
+from agmarl_common.runtime.bus import Bus
+from agmarl_common.core.cluster.model import ClusterState, Node, Pod, to_dict
 from agmarl_inference.testing import graph_full
-from agmarl_common.testing import wait_healthy
+from agmarl_testing.fixtures import wait_healthy
 from agmarl_trainer.app import TrainerApp
 
 from .conftest import wait_for

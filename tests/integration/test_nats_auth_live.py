@@ -10,12 +10,12 @@ import sys
 
 import pytest
 
-from agmarl_common import messages as m
-from agmarl_common import permissions, subjects
-from agmarl_common.bus import Bus
-from agmarl_common.natsauth import NatsAuth, ensure_credentials
-from agmarl_common.natsserver import NatsServer
-from agmarl_common.testing import wait_healthy
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import permissions, subjects
+from agmarl_common.runtime.bus import Bus
+from agmarl_common.runtime.natsauth import NatsAuth, ensure_credentials
+from agmarl_common.runtime.natsserver import NatsServer
+from agmarl_testing.fixtures import wait_healthy
 
 from .conftest import wait_for
 

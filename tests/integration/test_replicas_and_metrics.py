@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from agmarl_common import messages as m
-from agmarl_common import subjects
-from agmarl_common.bus import Bus
-from agmarl_common.testing import wait_healthy
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
+from agmarl_common.runtime.bus import Bus
+from agmarl_testing.fixtures import wait_healthy
 
 from .conftest import metric_value, module_of, scrape, wait_for
 

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from agmarl_common import messages as m
-from agmarl_common import subjects
-from agmarl_common.bus import Bus
-from agmarl_common.testing import wait_healthy
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
+from agmarl_common.runtime.bus import Bus
+from agmarl_testing.fixtures import wait_healthy
 
 from .conftest import wait_for
 

@@ -14,9 +14,9 @@ import pytest
 
 from agmarl_cli.keys import local_model_keys
 from agmarl_cli.supervisor import NATS, System
-from agmarl_common import subjects
-from agmarl_common.bus import Bus
-from agmarl_common.testing import wait_healthy
+from agmarl_common.runtime import subjects
+from agmarl_common.runtime.bus import Bus
+from agmarl_testing.fixtures import wait_healthy
 
 DECIDERS = ("state-collector", "graph-builder", "inference")
 CLUSTER = "supervised"

@@ -1,7 +1,7 @@
 """`agmarl up --source kubernetes` from a workstation, both scheduling modes at once, decisions counted
 per pod: each pod is decided once, by whoever schedules it.
 
-The cluster is a STAND-IN Kubernetes API (``agmarl_common.testing_k8s``: real HTTP, the official client;
+The cluster is a STAND-IN Kubernetes API (``agmarl_testing.k8s_api``: real HTTP, the official client;
 no kube-apiserver can run here) named only by ``--kubeconfig`` ($KUBECONFIG points at a file that does
 not exist, so a component that ignored the setting would fail). The six services run as `agmarl up`
 starts them, on the session's real nats-server. On it:
@@ -30,11 +30,11 @@ from collections import defaultdict
 import httpx
 import pytest
 
-from agmarl_common import messages as m
-from agmarl_common import subjects
-from agmarl_common.bus import Bus
-from agmarl_common.cluster.specs import AGMARL_BATCH_SCHEDULER, AGMARL_SCHEDULER
-from agmarl_common.testing_k8s import StandInApiServer, node_json, pod_json
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
+from agmarl_common.runtime.bus import Bus
+from agmarl_common.core.cluster.specs import AGMARL_BATCH_SCHEDULER, AGMARL_SCHEDULER
+from agmarl_testing.k8s_api import StandInApiServer, node_json, pod_json
 
 from .conftest import wait_for
 

@@ -8,11 +8,11 @@ import uuid
 import pytest
 from opentelemetry import trace
 
-from agmarl_common import subjects
-from agmarl_common.bus import Bus
-from agmarl_common.messages import ClusterEvent, Decision, Experience, HealthStatus, PolicySelection, decode, encode
-from agmarl_common.natsserver import NatsServer, free_port
-from agmarl_common.telemetry import extract, setup_tracing, shutdown_tracing
+from agmarl_common.runtime import subjects
+from agmarl_common.runtime.bus import Bus
+from agmarl_common.runtime.messages import ClusterEvent, Decision, Experience, HealthStatus, PolicySelection, decode, encode
+from agmarl_common.runtime.natsserver import NatsServer, free_port
+from agmarl_common.runtime.telemetry import extract, setup_tracing, shutdown_tracing
 
 
 def _decision(i: int, cluster: str = "sim") -> Decision:

@@ -1,4 +1,4 @@
-"""agmarl_common.features, batched: ``build_graph`` builds every pod's pair features at once (memo updates
+"""agmarl_common.core.features, batched: ``build_graph`` builds every pod's pair features at once (memo updates
 of all pod shapes in one pass, per-node terms kept with the node rows). The values must be the ones the
 shipped model was trained on, so each test compares with an oracle written as the features were first
 defined, one pod at a time and without caches: ``placement_frag`` for the fragmentation after the
@@ -16,14 +16,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from agmarl_common.cluster.filters import feasible_nodes
-from agmarl_common.cluster.model import GPU_MILLI, MAX_GPUS, ClusterState, Node, Pod, bind, choose_gpus, unbind_at
-from agmarl_common.features import (CPU_SCALE, EDGE_FEATURES, F_EDGE, FRAG_SCALE, GPU_SCALE, FeatureContext,
+from agmarl_common.core.cluster.filters import feasible_nodes
+from agmarl_common.core.cluster.model import GPU_MILLI, MAX_GPUS, ClusterState, Node, Pod, bind, choose_gpus, unbind_at
+from agmarl_common.core.features import (CPU_SCALE, EDGE_FEATURES, F_EDGE, FRAG_SCALE, GPU_SCALE, FeatureContext,
                                     build_graph, identical_pods, pair_features, pair_features_batch, placement_frag,
                                     placement_frag_many, pod_edges, pod_feature_key, pod_features)
-from agmarl_common.policies.rewardaware import RewardAwarePolicy
-from agmarl_common.sim import traces
-from agmarl_common.sim.fragmentation import pod_shape, state_frag, target_workload
+from agmarl_common.core.policies.rewardaware import RewardAwarePolicy
+from agmarl_common.core.sim import traces
+from agmarl_common.core.sim.fragmentation import pod_shape, state_frag, target_workload
 
 FRAG_COLS = [EDGE_FEATURES.index(f) for f in ("frag_delta", "fgd_score", "frag_after")]
 EXACT_COLS = [j for j in range(F_EDGE) if j not in FRAG_COLS]

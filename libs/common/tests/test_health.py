@@ -9,13 +9,13 @@ import uuid
 
 import pytest
 
-from agmarl_common import subjects
-from agmarl_common.bus import Bus
-from agmarl_common.health import Beat, HealthLimits, judge
-from agmarl_common.messages import PendingPod
-from agmarl_common.natsserver import NatsServer
-from agmarl_common.service import HandlerContext, ServiceRuntime
-from agmarl_common.settings import CommonSettings
+from agmarl_common.runtime import subjects
+from agmarl_common.runtime.bus import Bus
+from agmarl_common.runtime.health import Beat, HealthLimits, judge
+from agmarl_common.runtime.messages import PendingPod
+from agmarl_common.runtime.natsserver import NatsServer
+from agmarl_common.runtime.service import HandlerContext, ServiceRuntime
+from agmarl_common.runtime.settings import CommonSettings
 
 LIMITS = HealthLimits(nats_grace_s=30.0, handler_stuck_s=60.0)
 

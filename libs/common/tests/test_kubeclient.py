@@ -8,8 +8,8 @@ import yaml
 from kubernetes import client
 from kubernetes.config import ConfigException
 
-from agmarl_common.kubeclient import load_api_client, resolve
-from agmarl_common.testing_k8s import StandInApiServer, node_json
+from agmarl_common.kube.client import load_api_client, resolve
+from agmarl_testing.k8s_api import StandInApiServer, node_json
 
 
 @pytest.mark.parametrize("setting,environ,home_config,expected", [

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from agmarl_common import kubeconvert as kc
-from agmarl_common.cluster.filters import feasible_mask, filter_node
-from agmarl_common.cluster.model import (
+from agmarl_common.kube import convert as kc
+from agmarl_common.core.cluster.filters import feasible_mask, filter_node
+from agmarl_common.core.cluster.model import (
     RACK_LABEL,
     ZONE_LABEL,
     LabelRequirement,
@@ -24,7 +24,7 @@ from agmarl_common.cluster.model import (
     state_from_dict,
     state_to_dict,
 )
-from agmarl_common.cluster.selectors import matches_label_selector
+from agmarl_common.core.cluster.selectors import matches_label_selector
 
 SAMPLES = Path("/work/shared/k8s/extender-samples")
 

@@ -5,7 +5,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from agmarl_common.messages import (
+from agmarl_common.runtime.messages import (
     DEAD_LETTER_PAYLOAD_BYTES, MAX_MESSAGE_BYTES, MESSAGES, ClusterEvent, ClusterSnapshot, DeadLetter, Decision,
     DecodeError, Experience, GraphSync, GraphUpdate, HealthStatus, ModelPublished, PendingPod, PolicySelection, Reward,
     SelectionRefused, TrainRequest, TrainStatus, dead_letter, decode, encode)

@@ -3,8 +3,9 @@ import uuid
 
 import pytest
 
-from agmarl_common import modelstore, subjects
-from agmarl_common.bus import Bus
+from agmarl_common.serving import modelstore
+from agmarl_common.runtime import subjects
+from agmarl_common.runtime.bus import Bus
 
 
 @pytest.mark.parametrize("name,stored,expected", [

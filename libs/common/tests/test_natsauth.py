@@ -8,49 +8,25 @@ import subprocess
 from dataclasses import replace
 from pathlib import Path
 
-import nats
 import pytest
 from nats.errors import TimeoutError as NatsTimeout
 
-from agmarl_common import messages as m
-from agmarl_common import permissions, subjects
-from agmarl_common.bus import Bus
-from agmarl_common.natsauth import NatsAuth, ensure_credentials
-from agmarl_common.natsserver import DEFAULT_MAX_PAYLOAD, NatsServer
-from agmarl_common.service import ServiceRuntime
-from agmarl_common.settings import CommonSettings
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import permissions, subjects
+from agmarl_common.runtime.bus import Bus
+from agmarl_common.runtime.natsauth import NatsAuth, ensure_credentials
+from agmarl_common.runtime.natsserver import DEFAULT_MAX_PAYLOAD, NatsServer
+from agmarl_common.runtime.service import ServiceRuntime
+from agmarl_common.runtime.settings import CommonSettings
+
+
+from agmarl_testing.secure_nats import Watched, auth, secure_server
 
 
 @pytest.fixture(scope="module")
 def secure(tmp_path_factory):
     """A real nats-server that knows only the generated identities."""
-    creds = ensure_credentials(tmp_path_factory.mktemp("creds"))
-    server = NatsServer(store_dir=tmp_path_factory.mktemp("store"), auth_config=creds.auth_config)
-    server.start()
-    try:
-        yield server, creds
-    finally:
-        server.cleanup()
-
-
-def auth(creds, identity: str) -> NatsAuth:
-    return NatsAuth(seed_file=str(creds.seed(identity)), identity=identity)
-
-
-class Watched:
-    """A raw nats-py connection whose asynchronous server errors are collected (permission violations)."""
-
-    def __init__(self) -> None:
-        self.errors: list[str] = []
-        self.error = asyncio.Event()
-        self.nc = None
-
-    async def connect(self, url: str, a: NatsAuth) -> "Watched":
-        async def on_error(exc: Exception) -> None:
-            self.errors.append(str(exc))
-            self.error.set()
-        self.nc = await nats.connect(url, error_cb=on_error, allow_reconnect=False, **a.connect_options())
-        return self
+    yield from secure_server(tmp_path_factory)
 
 
 def test_credentials_are_private_files(secure):
@@ -140,23 +116,6 @@ async def test_only_the_catalogue_producer_and_the_operator_write_the_active_pol
         await engine.close()
 
 
-async def test_operator_identity_can_policy_set_and_the_read_only_one_cannot(secure, monkeypatch, capsys):
-    from agmarl_cli import policy  # noqa: PLC0415 - the CLI verb itself, on the real server
-
-    server, creds = secure
-    monkeypatch.setenv("AGMARL_NATS_CREDS_DIR", str(creds.directory))
-    assert await policy.policy_set("kube-resources", "full", "operator test", nats_url=server.url) == 0
-    assert await policy.policy_show(nats_url=server.url) == 0
-    assert "policy=kube-resources" in capsys.readouterr().out
-    reader = await Watched().connect(server.url, auth(creds, permissions.READ_ONLY))
-    try:
-        await reader.nc.publish(subjects.policy_selection(), b"x")
-        await asyncio.wait_for(reader.error.wait(), 5.0)
-        assert "permissions violation" in reader.errors[0].lower()
-    finally:
-        await reader.nc.close()
-
-
 async def test_service_runtime_connects_with_its_identity_and_answers_health(secure):
     server, creds = secure
     settings = CommonSettings(nats_url=server.url, cluster="secure", nats_nkey_seed_file=str(creds.seed("trainer")))
@@ -231,31 +190,6 @@ async def test_server_refuses_oversized_messages_before_any_subscriber(tmp_path)
             assert got == [m.MAX_MESSAGE_BYTES]  # the 8 MiB one never arrived
         finally:
             await bus.close()
-
-
-async def test_read_only_cli_tails_the_decision_log_and_cannot_purge_it(secure, monkeypatch, capsys):
-    from agmarl_cli import commands  # noqa: PLC0415
-
-    server, creds = secure
-    monkeypatch.setenv("AGMARL_NATS_CREDS_DIR", str(creds.directory))
-    monkeypatch.setenv("NATS_URL", server.url)
-    inference = await Bus.connect(server.url, "inference", auth=auth(creds, "inference"))
-    reader = await Watched().connect(server.url, auth(creds, permissions.READ_ONLY))
-    try:
-        await inference.ensure_streams()
-        d = m.Decision(decision_id="tail-1", cluster="tail", namespace="ns", pod_key="ns/p", node="n1",
-                       policy="kube-default", mode="full", seen_at=1.0, decided_at=2.0)
-        await inference.js_publish(subjects.decision("tail", "ns"), d, msg_id=d.decision_id)
-        assert await commands.decisions_tail(None, "tail", last=5, follow_seconds=0) == 0
-        assert "ns/p" in capsys.readouterr().out
-        js = reader.nc.jetstream(timeout=1.0)
-        with pytest.raises(NatsTimeout):  # the attack of issue 14: an anonymous purge of DECISIONS
-            await js.purge_stream(subjects.DECISIONS.name)
-        await asyncio.wait_for(reader.error.wait(), 5.0)
-        assert (await js.stream_info(subjects.DECISIONS.name)).state.messages >= 1
-    finally:
-        await reader.nc.close()
-        await inference.close()
 
 
 def test_security_doc_shows_the_generated_permissions():

@@ -13,15 +13,15 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from agmarl_common.cluster.filters import feasible_nodes
-from agmarl_common.cluster.model import ClusterState, Pod
-from agmarl_common.features import (EDGE_FEATURES, POD_FEATURES, FeatureContext, build_graph, identical_pods,
+from agmarl_common.core.cluster.filters import feasible_nodes
+from agmarl_common.core.cluster.model import ClusterState, Pod
+from agmarl_common.core.features import (EDGE_FEATURES, POD_FEATURES, FeatureContext, build_graph, identical_pods,
                                     objective_gains)
-from agmarl_common.policies.kube import KubeDefaultPolicy
-from agmarl_common.policies.onnx_model import input_columns
-from agmarl_common.policies.rewardaware import RewardAwarePolicy
-from agmarl_common.reward import IO_HEAVY_LABEL
-from agmarl_common.sim import dynamic, inflation, synthetic, traces
+from agmarl_common.core.policies.kube import KubeDefaultPolicy
+from agmarl_common.serving.onnx_model import input_columns
+from agmarl_common.core.policies.rewardaware import RewardAwarePolicy
+from agmarl_common.core.reward import IO_HEAVY_LABEL
+from agmarl_common.core.sim import dynamic, inflation, synthetic, traces
 
 GAIN = EDGE_FEATURES.index("reward_gain")
 FLAG = POD_FEATURES.index("objective_composite")
@@ -109,7 +109,7 @@ def test_each_harness_tells_the_policy_its_objective():
 
 
 def test_the_gain_follows_the_reward_scheme():
-    from agmarl_common.policies.rewardaware import RewardAwareConfig
+    from agmarl_common.core.policies.rewardaware import RewardAwareConfig
 
     state, pods = busy_synthetic()
     cands = [feasible_nodes(p, state) for p in pods[:8]]

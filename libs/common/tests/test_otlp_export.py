@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from agmarl_common.telemetry import read_spans, setup_tracing, shutdown_tracing
+from agmarl_common.runtime.telemetry import read_spans, setup_tracing, shutdown_tracing
 
 
 class Receiver(BaseHTTPRequestHandler):

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agmarl_common import subjects
-from agmarl_common.messages import MESSAGES
+from agmarl_common.runtime import subjects
+from agmarl_common.runtime.messages import MESSAGES
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from agmarl_common.cluster.model import ClusterState, Node, Pod, bind
-from agmarl_common.reward import (Outcomes, balance_std, reward_components, score_balance, score_utilisation,
+from agmarl_common.core.cluster.model import ClusterState, Node, Pod, bind
+from agmarl_common.core.reward import (Outcomes, balance_std, reward_components, score_balance, score_utilisation,
                                   total_reward, utilisation_by_resource)
 
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from agmarl_common.cluster.model import ZONE_LABEL, ClusterState, Node, Pod, bind
-from agmarl_common.reward import (IO_HEAVY_LABEL, LOCAL_SSD_LABEL, NETWORK_HEAVY_LABEL, Outcomes, RewardScheme,
+from agmarl_common.core.cluster.model import ZONE_LABEL, ClusterState, Node, Pod, bind
+from agmarl_common.core.reward import (IO_HEAVY_LABEL, LOCAL_SSD_LABEL, NETWORK_HEAVY_LABEL, Outcomes, RewardScheme,
                                   RewardWeights, business_terms, lexicographic_total, outcomes_from_stats,
                                   reward_components, scheme_total, scheme_weights, score_constraints,
                                   score_ls_placement, score_wait)

@@ -11,15 +11,15 @@ import msgpack
 import pytest
 from opentelemetry import trace
 
-from agmarl_common import subjects
-from agmarl_common.bus import Bus, RequestError
-from agmarl_common.messages import (
+from agmarl_common.runtime import subjects
+from agmarl_common.runtime.bus import Bus, RequestError
+from agmarl_common.runtime.messages import (
     MAX_MESSAGE_BYTES, ClusterEvent, DeadLetter, Decision, HealthStatus, PendingPod, decode, encode)
-from agmarl_common.metrics import sample
-from agmarl_common.service import HandlerContext, ServiceRuntime
-from agmarl_common.settings import CommonSettings
-from agmarl_common.telemetry import extract, read_spans, setup_tracing, shutdown_tracing
-from agmarl_common.testing import ServiceProcess, wait_healthy
+from agmarl_common.runtime.metrics import sample
+from agmarl_common.runtime.service import HandlerContext, ServiceRuntime
+from agmarl_common.runtime.settings import CommonSettings
+from agmarl_common.runtime.telemetry import extract, read_spans, setup_tracing, shutdown_tracing
+from agmarl_testing.fixtures import ServiceProcess, wait_healthy
 
 
 async def _until(predicate, timeout=5.0):
@@ -252,8 +252,8 @@ async def test_a_deferred_ack_waits_for_the_handler_and_stop_hooks_run_before_th
 
 
 ECHO_SERVICE = textwrap.dedent('''
-    from agmarl_common.service import ServiceRuntime, run_service
-    from agmarl_common.settings import CommonSettings, load_settings
+    from agmarl_common.runtime.service import ServiceRuntime, run_service
+    from agmarl_common.runtime.settings import CommonSettings, load_settings
 
     async def main() -> int:
         runtime = ServiceRuntime("echo-proc", load_settings(CommonSettings))

@@ -2,8 +2,8 @@
 import pydantic
 import pytest
 
-from agmarl_common.messages import MAX_MESSAGE_BYTES
-from agmarl_common.settings import CommonSettings, load_settings
+from agmarl_common.runtime.messages import MAX_MESSAGE_BYTES
+from agmarl_common.runtime.settings import CommonSettings, load_settings
 
 
 class Blend(pydantic.BaseModel):

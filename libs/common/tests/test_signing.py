@@ -8,8 +8,8 @@ import stat
 
 import pytest
 
-from agmarl_common import signing
-from agmarl_common.pathnames import check_path_component, is_path_component
+from agmarl_common.serving import signing
+from agmarl_common.core.pathnames import check_path_component, is_path_component
 
 MANIFEST = json.dumps({"version": "v1", "files": {"actor.onnx": "ab" * 32}}).encode()
 

@@ -5,8 +5,8 @@ import re
 
 import pytest
 
-from agmarl_common import subjects
-from agmarl_common.subjects import TOKEN_MAX, token
+from agmarl_common.runtime import subjects
+from agmarl_common.runtime.subjects import TOKEN_MAX, token
 
 VALID = re.compile(r"[!-~]+")  # one NATS token: printable ASCII, no whitespace
 

@@ -4,7 +4,7 @@ import time
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 
-from agmarl_common.telemetry import (
+from agmarl_common.runtime.telemetry import (
     extract, inject, otlp_exporter_from_env, read_spans, setup_tracing, shutdown_tracing, span_tree)
 
 

@@ -3,7 +3,7 @@
 On start it makes sure the KV key ``active_policy`` holds a selection (the baseline until something
 else is chosen) and that ``policy_history`` records it. It feeds rewards, snapshot counters and
 workload features (arrival mix, load, load spread, arrival rate) to the ``AdaptiveController``
-(``agmarl_common.adaptive``): drift detectors with hysteresis, the gate over the expert library,
+(``agmarl_common.core.adaptive``): drift detectors with hysteresis, the gate over the expert library,
 the guard with automatic rollback, and canary-only exploration. A loop every ``engine_tick_seconds``
 picks up selections made elsewhere (``agmarl policy set``) from KV and applies the controller's
 switches: each one is written to KV (active + history) and published as a PolicySelection event
@@ -35,20 +35,21 @@ from collections import OrderedDict
 
 from prometheus_client import Counter, Gauge
 
-from agmarl_common import messages as m
-from agmarl_common import modelstore, subjects
-from agmarl_common.adaptive import history as hist
-from agmarl_common.adaptive.controller import AdaptiveController, ControllerConfig, DriftAlarm, Switch
-from agmarl_common.adaptive.drift import Adwin, PageHinkley
-from agmarl_common.adaptive.explore import ExploreConfig
-from agmarl_common.adaptive.features import mix_counts, regime_features_from_stats
-from agmarl_common.adaptive.gate import ExpertLibrary, GateConfig
-from agmarl_common.adaptive.guard import GuardConfig
-from agmarl_common.cluster.model import pod_from_dict
-from agmarl_common.policies.onnx_model import OnnxModelPolicy
-from agmarl_common.policies.registry import get_policy
-from agmarl_common.service import HandlerContext, ServiceRuntime
-from agmarl_common.settings import load_settings
+from agmarl_common.runtime import messages as m
+from agmarl_common.serving import modelstore
+from agmarl_common.runtime import subjects
+from agmarl_common.core.adaptive import history as hist
+from agmarl_common.core.adaptive.controller import AdaptiveController, ControllerConfig, DriftAlarm, Switch
+from agmarl_common.core.adaptive.drift import Adwin, PageHinkley
+from agmarl_common.core.adaptive.explore import ExploreConfig
+from agmarl_common.core.adaptive.features import mix_counts, regime_features_from_stats
+from agmarl_common.core.adaptive.gate import ExpertLibrary, GateConfig
+from agmarl_common.core.adaptive.guard import GuardConfig
+from agmarl_common.core.cluster.model import pod_from_dict
+from agmarl_common.serving.onnx_model import OnnxModelPolicy
+from agmarl_common.core.policies.registry import get_policy
+from agmarl_common.runtime.service import HandlerContext, ServiceRuntime
+from agmarl_common.runtime.settings import load_settings
 from agmarl_adaptive_engine.settings import AdaptiveSettings
 
 SERVICE = "adaptive-engine"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from agmarl_common.adaptive.gate import DEFAULT_EXPERTS
-from agmarl_common.settings import CommonSettings, RolloutMode
+from agmarl_common.core.adaptive.gate import DEFAULT_EXPERTS
+from agmarl_common.runtime.settings import CommonSettings, RolloutMode
 
 
 class AdaptiveSettings(CommonSettings):

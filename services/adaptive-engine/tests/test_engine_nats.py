@@ -9,11 +9,11 @@ import subprocess
 import sys
 import time
 
-from agmarl_common import messages as m
-from agmarl_common import subjects
-from agmarl_common.adaptive import history as hist
-from agmarl_common.bus import Bus
-from agmarl_common.testing import wait_healthy
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
+from agmarl_common.core.adaptive import history as hist
+from agmarl_common.runtime.bus import Bus
+from agmarl_testing.fixtures import wait_healthy
 
 CLUSTER = "adaptive-it"
 

@@ -14,11 +14,12 @@ import sys
 import time
 import uuid
 
-from agmarl_common import messages as m
-from agmarl_common import modelstore, signing, subjects
-from agmarl_common.adaptive import history as hist
-from agmarl_common.bus import Bus
-from agmarl_common.testing import wait_healthy
+from agmarl_common.runtime import messages as m
+from agmarl_common.serving import modelstore, signing
+from agmarl_common.runtime import subjects
+from agmarl_common.core.adaptive import history as hist
+from agmarl_common.runtime.bus import Bus
+from agmarl_testing.fixtures import wait_healthy
 
 CLUSTER = "promotion-it"
 GATE_REASON = "candidate alloc_at_100 94.83 > incumbent 94.47, no hard violations"

@@ -16,14 +16,14 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from agmarl_common import messages as m
-from agmarl_common import subjects
-from agmarl_common.cluster import changes as ch
-from agmarl_common.cluster.compact import compact_snapshot
-from agmarl_common.cluster.model import state_from_dict
-from agmarl_common.cluster.view import ClusterView
-from agmarl_common.service import HandlerContext, ServiceRuntime
-from agmarl_common.settings import load_settings
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
+from agmarl_common.core.cluster import changes as ch
+from agmarl_common.core.cluster.compact import compact_snapshot
+from agmarl_common.core.cluster.model import state_from_dict
+from agmarl_common.core.cluster.view import ClusterView
+from agmarl_common.runtime.service import HandlerContext, ServiceRuntime
+from agmarl_common.runtime.settings import load_settings
 from agmarl_graph_builder.settings import GraphBuilderSettings
 
 SERVICE = "graph-builder"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agmarl_common.settings import CommonSettings
+from agmarl_common.runtime.settings import CommonSettings
 
 
 class GraphBuilderSettings(CommonSettings):

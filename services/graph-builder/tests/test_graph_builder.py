@@ -8,12 +8,12 @@ import asyncio
 import contextlib
 import time
 
-from agmarl_common import messages as m
-from agmarl_common import subjects
-from agmarl_common.bus import Bus
-from agmarl_common.cluster.compact import compact_snapshot
-from agmarl_common.cluster.model import ClusterState, Node, Pod, bind, state_from_dict, to_dict
-from agmarl_common.service import ServiceRuntime
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
+from agmarl_common.runtime.bus import Bus
+from agmarl_common.core.cluster.compact import compact_snapshot
+from agmarl_common.core.cluster.model import ClusterState, Node, Pod, bind, state_from_dict, to_dict
+from agmarl_common.runtime.service import ServiceRuntime
 from agmarl_graph_builder.app import GraphBuilderApp
 from agmarl_graph_builder.settings import GraphBuilderSettings
 

@@ -1,5 +1,5 @@
 from agmarl_inference.app import main
-from agmarl_common.service import run_service
+from agmarl_common.runtime.service import run_service
 
 if __name__ == "__main__":
     raise SystemExit(run_service(main))

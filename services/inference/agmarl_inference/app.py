@@ -11,16 +11,16 @@ import uuid
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from agmarl_common import messages as m
-from agmarl_common import subjects
-from agmarl_common.cluster.model import pod_from_dict
-from agmarl_common.cluster.selectors import matches_label_selector
-from agmarl_common.kubeconvert import parse_label_selector
-from agmarl_common.policies.base import brief
-from agmarl_common.policies.registry import get_policy
-from agmarl_common.sim import catalog
-from agmarl_common.service import HandlerContext, ServiceRuntime
-from agmarl_common.settings import load_settings
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
+from agmarl_common.core.cluster.model import pod_from_dict
+from agmarl_common.core.cluster.selectors import matches_label_selector
+from agmarl_common.kube.convert import parse_label_selector
+from agmarl_common.core.policies.base import brief
+from agmarl_common.core.policies.registry import get_policy
+from agmarl_common.core.sim import catalog
+from agmarl_common.runtime.service import HandlerContext, ServiceRuntime
+from agmarl_common.runtime.settings import load_settings
 from agmarl_inference.batch import start_batch_mode
 from agmarl_inference.decide import decide, tie_order
 from agmarl_inference.models import ModelRegistry

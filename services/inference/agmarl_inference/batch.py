@@ -32,15 +32,15 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from prometheus_client import Counter, Gauge
 
-from agmarl_common import messages as m
-from agmarl_common import subjects
-from agmarl_common.cluster.model import ClusterState, pod_from_dict, state_from_dict
-from agmarl_common.cluster.view import ClusterView
-from agmarl_common.cluster.specs import AGMARL_BATCH_SCHEDULER
-from agmarl_common.kubeclient import load_api_client
-from agmarl_common.policies.base import Policy
-from agmarl_common.policies.registry import get_policy
-from agmarl_common.service import HandlerContext, ServiceRuntime
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
+from agmarl_common.core.cluster.model import ClusterState, pod_from_dict, state_from_dict
+from agmarl_common.core.cluster.view import ClusterView
+from agmarl_common.core.cluster.specs import AGMARL_BATCH_SCHEDULER
+from agmarl_common.kube.client import load_api_client
+from agmarl_common.core.policies.base import Policy
+from agmarl_common.core.policies.registry import get_policy
+from agmarl_common.runtime.service import HandlerContext, ServiceRuntime
 from agmarl_inference.batchcore import Ledger, Placement, decide_batch
 
 
@@ -54,7 +54,7 @@ class BatchConfig:
     bind_timeout_s: float = 5.0  # per Binding request
     retry_s: float = 2.0  # released / unschedulable pods wait this long before the next batch
     assume_ttl_s: float = 30.0  # forget an assumed binding the snapshots never confirmed
-    kubeconfig: str = ""  # empty = $KUBECONFIG, else in-cluster, else ~/.kube/config (agmarl_common.kubeclient)
+    kubeconfig: str = ""  # empty = $KUBECONFIG, else in-cluster, else ~/.kube/config (agmarl_common.kube.client)
     kube_context: str = ""  # empty = the kubeconfig's current context
     mode: str = "full"
 

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agmarl_common.cluster.filters import feasible_mask, feasible_nodes, filter_node
-from agmarl_common.cluster.model import ClusterState, Pod, bind
-from agmarl_common.policies.base import Policy, admission_reason, admitted, normalise_scores
+from agmarl_common.core.cluster.filters import feasible_mask, feasible_nodes, filter_node
+from agmarl_common.core.cluster.model import ClusterState, Pod, bind
+from agmarl_common.core.policies.base import Policy, admission_reason, admitted, normalise_scores
 
 STATUSES = ("queued", "binding", "bound", "unschedulable", "gone")
 

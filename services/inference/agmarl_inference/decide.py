@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agmarl_common.cluster.filters import feasible_mask, filter_node
-from agmarl_common.cluster.model import ClusterState, Pod
-from agmarl_common.cluster.specs import TIE_ORDER_LABEL
-from agmarl_common.policies.base import Policy, admission_reason, admitted, normalise_scores
-from agmarl_common.sim.inflation import pick_node
+from agmarl_common.core.cluster.filters import feasible_mask, filter_node
+from agmarl_common.core.cluster.model import ClusterState, Pod
+from agmarl_common.core.cluster.specs import TIE_ORDER_LABEL
+from agmarl_common.core.policies.base import Policy, admission_reason, admitted, normalise_scores
+from agmarl_common.core.sim.inflation import pick_node
 
 TOP_SCORES = 16  # candidates whose scores a decision records (the whole list of a large cluster is too big to log)
 REASONS = 5  # filtered-out nodes whose reason a decision records

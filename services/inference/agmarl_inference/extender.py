@@ -46,15 +46,15 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from agmarl_common import kubeconvert as kc
-from agmarl_common import messages as m
-from agmarl_common.cluster.filters import feasible_mask
-from agmarl_common.cluster.model import ClusterState, Pod
-from agmarl_common.cluster.selectors import matches_label_selector
-from agmarl_common.cluster.view import ClusterView
-from agmarl_common.policies.base import Policy, admission_reason, admitted
-from agmarl_common.policies.kube import WeightedPluginsPolicy
-from agmarl_common.telemetry import extract
+from agmarl_common.kube import convert as kc
+from agmarl_common.runtime import messages as m
+from agmarl_common.core.cluster.filters import feasible_mask
+from agmarl_common.core.cluster.model import ClusterState, Pod
+from agmarl_common.core.cluster.selectors import matches_label_selector
+from agmarl_common.core.cluster.view import ClusterView
+from agmarl_common.core.policies.base import Policy, admission_reason, admitted
+from agmarl_common.core.policies.kube import WeightedPluginsPolicy
+from agmarl_common.runtime.telemetry import extract
 from agmarl_inference.extender_log import DecisionPublisher
 from agmarl_inference.extender_scoring import (
     Scored,

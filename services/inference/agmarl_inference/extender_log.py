@@ -12,8 +12,8 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from prometheus_client import Counter
 
-from agmarl_common import messages as m
-from agmarl_common import subjects
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
 
 log = logging.getLogger("agmarl.inference.extender")
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from agmarl_common.cluster.filters import (
+from agmarl_common.core.cluster.filters import (
     FilterStatus,
     filter_node,
     fits_node_selector,
@@ -18,8 +18,8 @@ from agmarl_common.cluster.filters import (
     fits_resources,
     fits_taints,
 )
-from agmarl_common.cluster.model import ClusterState, Pod
-from agmarl_common.policies.base import Policy, normalise_scores
+from agmarl_common.core.cluster.model import ClusterState, Pod
+from agmarl_common.core.policies.base import Policy, normalise_scores
 from agmarl_inference.extender_wire import MAX_EXTENDER_SCORE
 
 # failures kube-scheduler marks UnschedulableAndUnresolvable (preemption cannot help)

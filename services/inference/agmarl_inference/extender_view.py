@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from agmarl_common import kubeconvert as kc
-from agmarl_common.cluster.model import ClusterState, Pod, unbind_at
-from agmarl_common.cluster.view import ClusterView
+from agmarl_common.kube import convert as kc
+from agmarl_common.core.cluster.model import ClusterState, Pod, unbind_at
+from agmarl_common.core.cluster.view import ClusterView
 from agmarl_inference.extender_wire import ExtenderArgs
 
 

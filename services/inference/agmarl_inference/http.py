@@ -7,7 +7,7 @@
   ServiceRuntime owns SIGTERM), keep-alive longer than Go's idle connections, clean stop;
 - ``watch_rollout``: the rollout mode from KV ``agmarl_config/rollout`` (a plain mode name, or JSON
   ``{"mode": ...}``), watched and re-read every ``resync_s``: switched at run time, no restart;
-- ``load_binder``: a Kubernetes Binding creator from the one client loader (``agmarl_common.kubeclient``);
+- ``load_binder``: a Kubernetes Binding creator from the one client loader (``agmarl_common.kube.client``);
 - ``setup_extender`` (before ``rt.start()``) and ``start_extender`` (after) wire it all up.
 """
 
@@ -29,13 +29,13 @@ import uvicorn
 from fastapi import FastAPI
 from nats.js.kv import KV_DEL, KV_PURGE
 
-from agmarl_common import kubeclient
-from agmarl_common import messages as m
-from agmarl_common import subjects
-from agmarl_common.service import ServiceRuntime
+from agmarl_common.kube import client as kubeclient
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
+from agmarl_common.runtime.service import ServiceRuntime
 from agmarl_inference.extender import BIND_TIMEOUT_S, MODES, ExtenderMetrics, ExtenderService, PolicySource
 from agmarl_inference.extender_log import DecisionPublisher, decision_subject
-from agmarl_common.cluster.view import ClusterView
+from agmarl_common.core.cluster.view import ClusterView
 from agmarl_inference.extender_routes import VERBS, router
 from agmarl_inference.settings import InferenceSettings
 

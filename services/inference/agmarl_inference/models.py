@@ -40,11 +40,12 @@ from typing import Callable, Mapping
 
 from prometheus_client import Counter, Gauge
 
-from agmarl_common import messages as m
-from agmarl_common import modelstore, subjects
-from agmarl_common.policies.onnx_model import OnnxModelPolicy
-from agmarl_common.policies.registry import MODEL_PREFIX, is_model
-from agmarl_common.service import ServiceRuntime
+from agmarl_common.runtime import messages as m
+from agmarl_common.serving import modelstore
+from agmarl_common.runtime import subjects
+from agmarl_common.serving.onnx_model import OnnxModelPolicy
+from agmarl_common.core.policies.registry import MODEL_PREFIX, is_model
+from agmarl_common.runtime.service import ServiceRuntime
 
 KEEP_VERSIONS = 3  # loaded models kept in memory (the active one, the previous ones for rollbacks)
 MAX_DETAIL = 500  # characters of a refusal's detail sent in SelectionRefused

@@ -16,12 +16,12 @@ from typing import Callable, Iterable
 
 from prometheus_client import Counter, Gauge
 
-from agmarl_common import messages as m
-from agmarl_common import subjects
-from agmarl_common.cluster import changes as ch
-from agmarl_common.cluster.model import state_from_dict
-from agmarl_common.cluster.view import ClusterView
-from agmarl_common.service import HandlerContext, ServiceRuntime
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
+from agmarl_common.core.cluster import changes as ch
+from agmarl_common.core.cluster.model import state_from_dict
+from agmarl_common.core.cluster.view import ClusterView
+from agmarl_common.runtime.service import HandlerContext, ServiceRuntime
 
 SYNC_TIMEOUT_S = 10.0  # a full graph of a large cluster takes a while to compact and send
 SYNC_RETRY_S = 1.0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agmarl_common import settings as common  # the module: its classes are not this service's settings classes
+from agmarl_common.runtime import settings as common  # the module: its classes are not this service's settings classes
 
 
 class InferenceSettings(common.ModelInputSettings, common.KubeSettings):

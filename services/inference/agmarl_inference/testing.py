@@ -16,16 +16,16 @@ from pathlib import Path
 
 import httpx
 
-from agmarl_common import kubeconvert as kc
-from agmarl_common import messages as m
-from agmarl_common import subjects
-from agmarl_common.bus import Bus
-from agmarl_common.cluster import changes as ch
-from agmarl_common.cluster.compact import compact_snapshot
-from agmarl_common.cluster.model import HOSTNAME_LABEL, ClusterState, Pod, state_to_dict
-from agmarl_common.metrics import sample
-from agmarl_common.policies.registry import get_policy
-from agmarl_common.service import ServiceRuntime
+from agmarl_common.kube import convert as kc
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
+from agmarl_common.runtime.bus import Bus
+from agmarl_common.core.cluster import changes as ch
+from agmarl_common.core.cluster.compact import compact_snapshot
+from agmarl_common.core.cluster.model import HOSTNAME_LABEL, ClusterState, Pod, state_to_dict
+from agmarl_common.runtime.metrics import sample
+from agmarl_common.core.policies.registry import get_policy
+from agmarl_common.runtime.service import ServiceRuntime
 from agmarl_inference.app import InferenceApp
 from agmarl_inference.http import setup_extender, start_extender
 from agmarl_inference.settings import InferenceSettings

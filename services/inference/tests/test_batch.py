@@ -1,5 +1,5 @@
 """Batch mode: the pure joint decision + arbiter + ledger on tiny literal clusters, and the binder
-against a STAND-IN API server (agmarl_common.testing_k8s: real HTTP, the official kubernetes client;
+against a STAND-IN API server (agmarl_testing.k8s_api: real HTTP, the official kubernetes client;
 there is no Kubernetes API here) with a real nats-server."""
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ import uuid
 import pytest
 from kubernetes import client
 
-from agmarl_common import messages as m
-from agmarl_common import subjects
-from agmarl_common.bus import Bus
-from agmarl_common.cluster.filters import filter_node, violations
-from agmarl_common.cluster.model import ClusterState, Node, Pod, bind, state_to_dict, to_dict
-from agmarl_common.cluster.specs import AGMARL_BATCH_SCHEDULER, AGMARL_SCHEDULER
-from agmarl_common.policies.registry import get_policy
-from agmarl_common.service import ServiceRuntime
-from agmarl_common.testing_k8s import StandInApiServer, node_json, pod_json
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
+from agmarl_common.runtime.bus import Bus
+from agmarl_common.core.cluster.filters import filter_node, violations
+from agmarl_common.core.cluster.model import ClusterState, Node, Pod, bind, state_to_dict, to_dict
+from agmarl_common.core.cluster.specs import AGMARL_BATCH_SCHEDULER, AGMARL_SCHEDULER
+from agmarl_common.core.policies.registry import get_policy
+from agmarl_common.runtime.service import ServiceRuntime
+from agmarl_testing.k8s_api import StandInApiServer, node_json, pod_json
 from agmarl_inference.batch import BatchConfig, create_binding, start_batch_mode
 from agmarl_inference.batchcore import Ledger, batch_order, decide_batch
 from agmarl_inference.settings import InferenceSettings

@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agmarl_common.cluster.filters import feasible_nodes, filter_node, violations
-from agmarl_common.cluster.model import (
+from agmarl_common.core.cluster.filters import feasible_nodes, filter_node, violations
+from agmarl_common.core.cluster.model import (
     ClusterState,
     LabelRequirement,
     LabelSelector,
@@ -23,9 +23,9 @@ from agmarl_common.cluster.model import (
     TopologySpreadConstraint,
     bind,
 )
-from agmarl_common.cluster.specs import AGMARL_BATCH_SCHEDULER
-from agmarl_common.policies.base import admitted, brief, normalise_scores
-from agmarl_common.policies.registry import get_policy
+from agmarl_common.core.cluster.specs import AGMARL_BATCH_SCHEDULER
+from agmarl_common.core.policies.base import admitted, brief, normalise_scores
+from agmarl_common.core.policies.registry import get_policy
 from agmarl_inference.batchcore import batch_order, decide_batch
 
 ZONE = "topology.kubernetes.io/zone"

@@ -2,9 +2,9 @@
 
 import time
 
-from agmarl_common import messages as m
-from agmarl_common.cluster.model import Pod
-from agmarl_common.service import ServiceRuntime
+from agmarl_common.runtime import messages as m
+from agmarl_common.core.cluster.model import Pod
+from agmarl_common.runtime.service import ServiceRuntime
 from agmarl_inference.app import InferenceApp
 from agmarl_inference.settings import InferenceSettings
 

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from agmarl_common.cluster.model import ClusterState, Node, Pod, bind
-from agmarl_common.policies.base import PolicyBase
-from agmarl_common.policies.registry import get_policy
+from agmarl_common.core.cluster.model import ClusterState, Node, Pod, bind
+from agmarl_common.core.policies.base import PolicyBase
+from agmarl_common.core.policies.registry import get_policy
 from agmarl_inference.decide import TIE_ORDER_LABEL, TOP_SCORES, blend, decide, tie_order
 
 
@@ -88,7 +88,7 @@ def test_learned_policy_explains_its_pick():
     import subprocess
     from pathlib import Path
 
-    from agmarl_common.policies.onnx_model import OnnxModelPolicy
+    from agmarl_common.serving.onnx_model import OnnxModelPolicy
 
     root = Path(__file__).resolve().parents[3]
     model_dir = root / "models" / "default"

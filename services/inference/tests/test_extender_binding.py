@@ -20,8 +20,8 @@ from collections import Counter
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from agmarl_common import messages as m
-from agmarl_common import subjects
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
 from agmarl_inference.testing import LOADED, N_NODES, names, observe_binding, pod_json, prioritize, running, until
 
 

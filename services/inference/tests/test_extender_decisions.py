@@ -12,9 +12,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from agmarl_common import messages as m
-from agmarl_common import subjects
-from agmarl_common.bus import MSG_ID_HEADER
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
+from agmarl_common.runtime.bus import MSG_ID_HEADER
 from agmarl_inference.extender_scoring import Scored, blend_weights, explain, returned_kind, to_extender_scores
 from agmarl_inference.http import load_binder
 from agmarl_inference.testing import SAMPLES, observe_binding, pod_json, prioritize, running, top

@@ -10,10 +10,10 @@ import time
 
 import numpy as np
 
-from agmarl_common.metrics import sample
-from agmarl_common.natsserver import NatsServer
-from agmarl_common.policies.base import PolicyBase
-from agmarl_common.policies.registry import get_policy
+from agmarl_common.runtime.metrics import sample
+from agmarl_common.runtime.natsserver import NatsServer
+from agmarl_common.core.policies.base import PolicyBase
+from agmarl_common.core.policies.registry import get_policy
 from agmarl_inference.testing import LOADED, Running, pod_json, prioritize, running, until
 
 

@@ -28,12 +28,12 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from pydantic_core import from_json
 
-from agmarl_common import kubeconvert as kc
-from agmarl_common import messages as m
-from agmarl_common import subjects
-from agmarl_common.cluster.model import Pod
-from agmarl_common.cluster.view import ClusterView
-from agmarl_common.policies.registry import get_policy
+from agmarl_common.kube import convert as kc
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
+from agmarl_common.core.cluster.model import Pod
+from agmarl_common.core.cluster.view import ClusterView
+from agmarl_common.core.policies.registry import get_policy
 from agmarl_inference.extender import ExtenderMetrics, ExtenderService
 from agmarl_inference.extender_log import decision_subject
 from agmarl_inference.http import build_app

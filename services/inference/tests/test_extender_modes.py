@@ -11,9 +11,9 @@ import json
 import numpy as np
 import pytest
 
-from agmarl_common import messages as m
-from agmarl_common import subjects
-from agmarl_common.metrics import sample
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
+from agmarl_common.runtime.metrics import sample
 from agmarl_inference.extender_wire import NEUTRAL_SCORE
 from agmarl_inference.http import parse_mode
 from agmarl_inference.testing import LOADED, observe_binding, pod_json, prioritize, running, top, until

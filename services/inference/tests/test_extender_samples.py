@@ -12,10 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agmarl_common import messages as m
-from agmarl_common import subjects
-from agmarl_common.cluster.model import HOSTNAME_LABEL
-from agmarl_common.metrics import sample
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
+from agmarl_common.core.cluster.model import HOSTNAME_LABEL
+from agmarl_common.runtime.metrics import sample
 from agmarl_inference.extender_wire import NEUTRAL_SCORE
 from agmarl_inference.testing import LOADED, SAMPLES, pod_json, prioritize, running
 

@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from agmarl_common import messages as m
-from agmarl_common import modelstore, signing, subjects
-from agmarl_common.bus import Bus
-from agmarl_common.service import ServiceRuntime
+from agmarl_common.runtime import messages as m
+from agmarl_common.serving import modelstore, signing
+from agmarl_common.runtime import subjects
+from agmarl_common.runtime.bus import Bus
+from agmarl_common.runtime.service import ServiceRuntime
 from agmarl_inference.models import ModelRegistry
 from agmarl_inference.settings import InferenceSettings
 

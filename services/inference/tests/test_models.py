@@ -23,13 +23,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agmarl_common import messages as m
-from agmarl_common import signing, subjects
-from agmarl_common.bus import Bus
-from agmarl_common.cluster.model import ClusterState, to_dict
+from agmarl_common.runtime import messages as m
+from agmarl_common.serving import signing
+from agmarl_common.runtime import subjects
+from agmarl_common.runtime.bus import Bus
+from agmarl_common.core.cluster.model import ClusterState, to_dict
 from agmarl_inference.testing import graph_full
-from agmarl_common.sim import traces
-from agmarl_common.testing import wait_healthy
+from agmarl_common.core.sim import traces
+from agmarl_testing.fixtures import wait_healthy
 
 REPO = Path(__file__).resolve().parents[3]
 CLUSTER = "modelreg"
@@ -206,7 +207,7 @@ async def test_hot_reload_through_the_object_store_and_digest_refusal(smoke_mode
 
 
 def test_no_torch_in_the_serving_process():
-    code = ("import sys, agmarl_inference.app, agmarl_inference.models, agmarl_common.policies.onnx_model; "
+    code = ("import sys, agmarl_inference.app, agmarl_inference.models, agmarl_common.serving.onnx_model; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

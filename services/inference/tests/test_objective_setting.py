@@ -3,7 +3,7 @@
 import pytest
 from pydantic import ValidationError
 
-from agmarl_common.settings import load_settings
+from agmarl_common.runtime.settings import load_settings
 from agmarl_inference.settings import InferenceSettings
 
 

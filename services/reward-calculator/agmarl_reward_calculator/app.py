@@ -1,6 +1,6 @@
 """reward-calculator: each bound decision is rewarded from the first snapshot that shows it bound.
 
-Components come from ``agmarl_common.reward`` (the one definition the trainer uses too), the total
+Components come from ``agmarl_common.core.reward`` (the one definition the trainer uses too), the total
 from the weighting scheme named in the settings (fixed | load_conditional | lexicographic). The
 window a reward covers runs from the previous snapshot to this one (counter deltas; the pending
 time is the mean age of the pods still waiting). Each reward is published with every component,
@@ -25,12 +25,12 @@ from collections import OrderedDict
 
 from prometheus_client import Counter, Gauge
 
-from agmarl_common import messages as m
-from agmarl_common import subjects
-from agmarl_common.cluster.model import state_from_dict
-from agmarl_common.reward import RewardScheme, outcomes_from_stats, scheme_reward
-from agmarl_common.service import HandlerContext, ServiceRuntime
-from agmarl_common.settings import load_settings
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
+from agmarl_common.core.cluster.model import state_from_dict
+from agmarl_common.core.reward import RewardScheme, outcomes_from_stats, scheme_reward
+from agmarl_common.runtime.service import HandlerContext, ServiceRuntime
+from agmarl_common.runtime.settings import load_settings
 from agmarl_reward_calculator.ledger import REWARD, WAIT, Held, verdict
 from agmarl_reward_calculator.settings import RewardSettings
 from agmarl_reward_calculator.transition import SnapshotView, experience

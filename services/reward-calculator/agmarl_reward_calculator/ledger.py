@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agmarl_common import messages as m
+from agmarl_common.runtime import messages as m
 from agmarl_reward_calculator.transition import SnapshotView
 
 REWARD, WAIT = "reward", "wait"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agmarl_common.settings import CommonSettings, Scheme
+from agmarl_common.runtime.settings import CommonSettings, Scheme
 
 
 class RewardSettings(CommonSettings):

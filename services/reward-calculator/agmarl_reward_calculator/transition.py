@@ -3,7 +3,7 @@
 A decision is paired with the last snapshot received before it (the cluster it was made on) and the
 first snapshot after it (the one it is rewarded on). The transition carries:
 
-    state       {"cluster": compact state (``agmarl_common.cluster.compact``) of the snapshot before, the
+    state       {"cluster": compact state (``agmarl_common.core.cluster.compact``) of the snapshot before, the
                  decided pod left out (it was still pending), "snapshot_seq", "time", "stats"}
     action      {"pod": the decided pod (``to_dict`` form, as pending), "pod_key", "node", "gpus", "policy",
                  "score"}
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from agmarl_common import messages as m
-from agmarl_common.cluster.compact import bound_pod_dicts, compact_dict, drop_pending, is_snapshot, pod_key_of, \
+from agmarl_common.runtime import messages as m
+from agmarl_common.core.cluster.compact import bound_pod_dicts, compact_dict, drop_pending, is_snapshot, pod_key_of, \
     state_from_snapshot
 
 _BOUND = -1  # position of a pod found bound, not pending

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from agmarl_common import messages as m
-from agmarl_common.cluster.compact import compact_snapshot
-from agmarl_common.cluster.model import ClusterState, Node, Pod, bind, state_to_dict, to_dict
+from agmarl_common.runtime import messages as m
+from agmarl_common.core.cluster.compact import compact_snapshot
+from agmarl_common.core.cluster.model import ClusterState, Node, Pod, bind, state_to_dict, to_dict
 from agmarl_reward_calculator.ledger import REWARD, WAIT, Held, verdict
 from agmarl_reward_calculator.transition import SnapshotView
 

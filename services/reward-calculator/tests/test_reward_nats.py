@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-from agmarl_common import messages as m
-from agmarl_common import subjects
-from agmarl_common.bus import Bus
-from agmarl_common.cluster.model import ClusterState, Node, Pod, bind, state_to_dict
-from agmarl_common.testing import wait_healthy
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
+from agmarl_common.runtime.bus import Bus
+from agmarl_common.core.cluster.model import ClusterState, Node, Pod, bind, state_to_dict
+from agmarl_testing.fixtures import wait_healthy
 
 CLUSTER = "reward-it"
 

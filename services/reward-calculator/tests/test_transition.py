@@ -8,12 +8,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from agmarl_common import messages as m
-from agmarl_common.cluster.compact import is_compact, state_from_compact
-from agmarl_common.cluster.filters import feasible_nodes
-from agmarl_common.cluster.model import ClusterState, Node, Pod, bind, choose_gpus, pod_from_dict, state_from_dict, \
+from agmarl_common.runtime import messages as m
+from agmarl_common.core.cluster.compact import is_compact, state_from_compact
+from agmarl_common.core.cluster.filters import feasible_nodes
+from agmarl_common.core.cluster.model import ClusterState, Node, Pod, bind, choose_gpus, pod_from_dict, state_from_dict, \
     state_to_dict, to_dict
-from agmarl_common.sim.traces import load_openb_nodes, load_openb_pods
+from agmarl_common.core.sim.traces import load_openb_nodes, load_openb_pods
 from agmarl_reward_calculator.transition import SnapshotView, experience, placed_pod
 
 NODES = (Node("a", 2000, 2048), Node("b", 4000, 4096, gpu_count=1, gpu_model="T4"))

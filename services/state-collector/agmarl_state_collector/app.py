@@ -21,13 +21,13 @@ import uuid
 
 from prometheus_client import Counter, Gauge
 
-from agmarl_common import messages as m
-from agmarl_common import subjects
-from agmarl_common.cluster.filters import violations
-from agmarl_common.cluster.model import to_dict
-from agmarl_common.reward import balance_std, utilisation_by_resource
-from agmarl_common.service import HandlerContext, ServiceRuntime
-from agmarl_common.settings import load_settings
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
+from agmarl_common.core.cluster.filters import violations
+from agmarl_common.core.cluster.model import to_dict
+from agmarl_common.core.reward import balance_std, utilisation_by_resource
+from agmarl_common.runtime.service import HandlerContext, ServiceRuntime
+from agmarl_common.runtime.settings import load_settings
 from agmarl_state_collector.settings import CollectorSettings
 from agmarl_state_collector.replay import InflationReplay
 from agmarl_state_collector.simsource import SimulatedCluster

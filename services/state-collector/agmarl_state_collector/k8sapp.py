@@ -20,13 +20,13 @@ from collections.abc import Callable
 
 from prometheus_client import Gauge
 
-from agmarl_common import messages as m
-from agmarl_common import subjects
-from agmarl_common.cluster.filters import violations
-from agmarl_common.cluster.model import to_dict
-from agmarl_common.kubeclient import load_api_client
-from agmarl_common.reward import balance_std, utilisation_by_resource
-from agmarl_common.service import ServiceRuntime
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
+from agmarl_common.core.cluster.filters import violations
+from agmarl_common.core.cluster.model import to_dict
+from agmarl_common.kube.client import load_api_client
+from agmarl_common.core.reward import balance_std, utilisation_by_resource
+from agmarl_common.runtime.service import ServiceRuntime
 from agmarl_state_collector.k8scache import Change
 from agmarl_state_collector.k8ssource import KubernetesSource, WatchConfig
 from agmarl_state_collector.settings import CollectorSettings
@@ -43,7 +43,7 @@ def watch_config(settings: CollectorSettings) -> WatchConfig:
 
 def converters() -> tuple[Callable, Callable]:
     """(pod_from_api, node_from_api): Kubernetes API JSON dicts -> model.Pod / model.Node."""
-    from agmarl_common import kubeconvert
+    from agmarl_common.kube import convert as kubeconvert
     return kubeconvert.pod_from_k8s, kubeconvert.node_from_k8s
 
 

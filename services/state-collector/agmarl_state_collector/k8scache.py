@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from agmarl_common.cluster.model import GPU_MILLI, ClusterState, Node, Pod, bind, choose_gpus, state_with_bound, unbind
+from agmarl_common.core.cluster.model import GPU_MILLI, ClusterState, Node, Pod, bind, choose_gpus, state_with_bound, unbind
 
 PodConverter = Callable[[Mapping[str, Any]], Pod]
 NodeConverter = Callable[[Mapping[str, Any]], Node]

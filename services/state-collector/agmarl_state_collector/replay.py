@@ -18,12 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from agmarl_common.cluster.filters import filter_node
-from agmarl_common.cluster.model import GPU_MILLI, MAX_GPUS, ClusterState, Node, Pod, bind
-from agmarl_common.cluster.specs import TIE_ORDER_LABEL
-from agmarl_common.sim import catalog
-from agmarl_common.sim.dynamic_state import BindOutcome, SimEvent
-from agmarl_common.sim.inflation import MAX_ARRIVED_PCT, binned_mean, plan
+from agmarl_common.core.cluster.filters import filter_node
+from agmarl_common.core.cluster.model import GPU_MILLI, MAX_GPUS, ClusterState, Node, Pod, bind
+from agmarl_common.core.cluster.specs import TIE_ORDER_LABEL
+from agmarl_common.core.sim import catalog
+from agmarl_common.core.sim.dynamic_state import BindOutcome, SimEvent
+from agmarl_common.core.sim.inflation import MAX_ARRIVED_PCT, binned_mean, plan
 
 
 @dataclass

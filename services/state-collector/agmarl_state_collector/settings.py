@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from agmarl_common.settings import CommonSettings, KubeSettings, Source
+from agmarl_common.runtime.settings import CommonSettings, KubeSettings, Source
 
 
 class CollectorSettings(CommonSettings, KubeSettings):

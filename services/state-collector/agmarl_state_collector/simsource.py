@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from agmarl_common.cluster.model import Pod
-from agmarl_common.sim import dynamic, synthetic
+from agmarl_common.core.cluster.model import Pod
+from agmarl_common.core.sim import dynamic, synthetic
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Publishing cluster snapshots: the compact state form, sized against the message limit.
 
-A snapshot's ``state`` is ``agmarl_common.cluster.compact.compact_snapshot`` (nodes column-wise, pod
+A snapshot's ``state`` is ``agmarl_common.core.cluster.compact.compact_snapshot`` (nodes column-wise, pod
 specs shared, every bound pod kept with its identity); consumers decode it with ``state_from_dict`` as
 before. A snapshot whose encoded size still exceeds ``max_message_bytes`` would be rejected by every
 consumer, so it is not published: it is counted (``agmarl_snapshots_oversized_total``) and logged, and
@@ -14,12 +14,12 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from agmarl_common import messages as m
-from agmarl_common import subjects
-from agmarl_common.bus import KIND_HEADER
-from agmarl_common.cluster.compact import compact_snapshot
-from agmarl_common.cluster.model import ClusterState, Pod, to_dict
-from agmarl_common.service import ServiceRuntime
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
+from agmarl_common.runtime.bus import KIND_HEADER
+from agmarl_common.core.cluster.compact import compact_snapshot
+from agmarl_common.core.cluster.model import ClusterState, Pod, to_dict
+from agmarl_common.runtime.service import ServiceRuntime
 
 LOG_EVERY = 100  # after the first oversized snapshot, log one in this many
 

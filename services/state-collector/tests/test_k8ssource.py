@@ -1,4 +1,4 @@
-"""The Kubernetes source against a STAND-IN API server (agmarl_common.testing_k8s: real HTTP on
+"""The Kubernetes source against a STAND-IN API server (agmarl_testing.k8s_api: real HTTP on
 127.0.0.1, the official kubernetes client pointed at it; there is no Kubernetes API here).
 
 List builds the state, watch events update it, bookmarks advance the resourceVersion, 410 Gone
@@ -14,16 +14,16 @@ import time
 import pytest
 from kubernetes import client
 
-from agmarl_common import messages as m
-from agmarl_common import subjects
-from agmarl_common.bus import Bus
-from agmarl_common.cluster.filters import violations
-from agmarl_common.cluster.model import state_from_dict
-from agmarl_common.cluster.specs import AGMARL_BATCH_SCHEDULER, AGMARL_SCHEDULER
-from agmarl_common.kubeconvert import node_from_k8s, pod_from_k8s
-from agmarl_common.service import ServiceRuntime
-from agmarl_common.testing import wait_healthy
-from agmarl_common.testing_k8s import StandInApiServer, node_json, pod_json
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
+from agmarl_common.runtime.bus import Bus
+from agmarl_common.core.cluster.filters import violations
+from agmarl_common.core.cluster.model import state_from_dict
+from agmarl_common.core.cluster.specs import AGMARL_BATCH_SCHEDULER, AGMARL_SCHEDULER
+from agmarl_common.kube.convert import node_from_k8s, pod_from_k8s
+from agmarl_common.runtime.service import ServiceRuntime
+from agmarl_testing.fixtures import wait_healthy
+from agmarl_testing.k8s_api import StandInApiServer, node_json, pod_json
 from agmarl_state_collector.k8ssource import Backoff, KubernetesSource, WatchConfig
 from agmarl_state_collector.k8sapp import KubernetesCollectorApp
 from agmarl_state_collector.settings import CollectorSettings

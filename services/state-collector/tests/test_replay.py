@@ -3,9 +3,9 @@ until a decider answers, then in flight up to a limit and a rate), binding with 
 
 import numpy as np
 
-from agmarl_common.cluster.model import Node, Pod
-from agmarl_common.cluster.specs import TIE_ORDER_LABEL
-from agmarl_common.sim.inflation import plan
+from agmarl_common.core.cluster.model import Node, Pod
+from agmarl_common.core.cluster.specs import TIE_ORDER_LABEL
+from agmarl_common.core.sim.inflation import plan
 from agmarl_state_collector.replay import InflationReplay
 
 NODES = tuple(Node(f"n{k}", 8000, 16000, gpu_count=2, gpu_model="T4") for k in range(4))

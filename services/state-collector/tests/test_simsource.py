@@ -2,9 +2,9 @@
 
 import pytest
 
-from agmarl_common.cluster.filters import violations
-from agmarl_common.cluster.model import Pod
-from agmarl_common.sim import dynamic
+from agmarl_common.core.cluster.filters import violations
+from agmarl_common.core.cluster.model import Pod
+from agmarl_common.core.sim import dynamic
 from agmarl_state_collector.simsource import SimulatedCluster, add_workload
 
 

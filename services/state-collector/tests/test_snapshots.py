@@ -13,14 +13,14 @@ import pytest
 from nats.errors import MaxPayloadError
 from prometheus_client import CollectorRegistry
 
-from agmarl_common import messages as m
-from agmarl_common import subjects
-from agmarl_common.bus import Bus
-from agmarl_common.cluster.model import MAX_GPUS, ClusterState, choose_gpus, state_from_dict, state_to_dict, to_dict
-from agmarl_common.service import ServiceRuntime
-from agmarl_common.settings import CommonSettings
-from agmarl_common.sim import dynamic
-from agmarl_common.sim.traces import load_openb_nodes, load_openb_pods
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
+from agmarl_common.runtime.bus import Bus
+from agmarl_common.core.cluster.model import MAX_GPUS, ClusterState, choose_gpus, state_from_dict, state_to_dict, to_dict
+from agmarl_common.runtime.service import ServiceRuntime
+from agmarl_common.runtime.settings import CommonSettings
+from agmarl_common.core.sim import dynamic
+from agmarl_common.core.sim.traces import load_openb_nodes, load_openb_pods
 from agmarl_state_collector.app import CollectorApp
 from agmarl_state_collector.settings import CollectorSettings
 from agmarl_state_collector.simsource import SimulatedCluster

@@ -38,12 +38,13 @@ from pathlib import Path
 
 from prometheus_client import Counter
 
-from agmarl_common import messages as m
-from agmarl_common import modelstore, signing, subjects
-from agmarl_common.pathnames import check_path_component, is_path_component
-from agmarl_common.policies.registry import MODEL_PREFIX
-from agmarl_common.service import HandlerContext, ServiceRuntime
-from agmarl_common.settings import load_settings
+from agmarl_common.runtime import messages as m
+from agmarl_common.serving import modelstore, signing
+from agmarl_common.runtime import subjects
+from agmarl_common.core.pathnames import check_path_component, is_path_component
+from agmarl_common.core.policies.registry import MODEL_PREFIX
+from agmarl_common.runtime.service import HandlerContext, ServiceRuntime
+from agmarl_common.runtime.settings import load_settings
 from agmarl_trainer.experience import ExperienceBuffer
 from agmarl_trainer.settings import TrainerSettings
 

@@ -24,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from agmarl_common import features
+from agmarl_common.core import features
 from agmarl_trainer.config import config_to_dict, load_config
 
 PARITY_TOL = 1e-4
@@ -47,8 +47,8 @@ def parity_check(net, model_dir: Path, seed: int = 0) -> dict[str, float]:
     """Max |ONNX - torch| of node_emb and logits on real openb graphs of 60 and 1,523 nodes."""
     import torch
 
-    from agmarl_common.cluster.filters import feasible_nodes
-    from agmarl_common.cluster.model import ClusterState, bind
+    from agmarl_common.core.cluster.filters import feasible_nodes
+    from agmarl_common.core.cluster.model import ClusterState, bind
     from agmarl_trainer.export import onnx_scores, onnx_sessions
     from agmarl_trainer.imitation import openb_nodes, openb_pods
     from agmarl_trainer.rollout import sub_cluster

@@ -14,9 +14,9 @@ from typing import Sequence
 
 import numpy as np
 
-from agmarl_common.features import HeteroGraph
-from agmarl_common.policies.fgd import FGD_PAPER_POLICIES
-from agmarl_common.sim.inflation import run_inflation
+from agmarl_common.core.features import HeteroGraph
+from agmarl_common.core.policies.fgd import FGD_PAPER_POLICIES
+from agmarl_common.core.sim.inflation import run_inflation
 from agmarl_trainer.imitation import openb_nodes, openb_pods
 
 _MODEL_DIR: str | None = None
@@ -145,8 +145,8 @@ def evaluate_openb(model_dir: str | Path | None, workloads: Sequence[str], seeds
 
 
 def _dynamic_one(job: tuple[str, str, int, int, float]) -> tuple[str, str, int, dict]:
-    from agmarl_common.policies.registry import get_policy
-    from agmarl_common.sim import dynamic, synthetic
+    from agmarl_common.core.policies.registry import get_policy
+    from agmarl_common.core.sim import dynamic, synthetic
 
     policy_name, workload, seed, n_nodes, horizon_s = job
     nodes = synthetic.synthetic_cluster(n_nodes, seed=seed)

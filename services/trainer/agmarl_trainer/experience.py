@@ -29,11 +29,11 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from agmarl_common import messages as m
-from agmarl_common.cluster.compact import is_compact, state_from_compact
-from agmarl_common.cluster.filters import feasible_nodes
-from agmarl_common.cluster.model import ClusterState, Pod, pod_from_dict, state_from_dict
-from agmarl_common.features import FeatureContext, build_graph
+from agmarl_common.runtime import messages as m
+from agmarl_common.core.cluster.compact import is_compact, state_from_compact
+from agmarl_common.core.cluster.filters import feasible_nodes
+from agmarl_common.core.cluster.model import ClusterState, Pod, pod_from_dict, state_from_dict
+from agmarl_common.core.features import FeatureContext, build_graph
 from agmarl_trainer.rollout import Sample
 
 

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.nn import GATConv
 
-from agmarl_common.features import F_EDGE, F_NODE, F_POD
+from agmarl_common.core.features import F_EDGE, F_NODE, F_POD
 from agmarl_trainer.model import CAND, NEAR, PolicyNet
 
 OPSET = 18

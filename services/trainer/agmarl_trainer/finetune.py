@@ -28,8 +28,8 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from agmarl_common.policies.registry import MODEL_PREFIX
-from agmarl_common.sim import dynamic, synthetic
+from agmarl_common.core.policies.registry import MODEL_PREFIX
+from agmarl_common.core.sim import dynamic, synthetic
 from agmarl_trainer.config import TrainConfig, config_to_dict, load_config
 from agmarl_trainer.experience import experience_samples, read_experience
 from agmarl_trainer.imitation import expert_policy, expert_tasks, minibatches, openb_nodes, \

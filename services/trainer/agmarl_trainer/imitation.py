@@ -16,9 +16,9 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from agmarl_common.policies.fgd import FGD_PAPER_POLICIES
-from agmarl_common.policies.registry import get_policy
-from agmarl_common.sim import dynamic, synthetic, traces
+from agmarl_common.core.policies.fgd import FGD_PAPER_POLICIES
+from agmarl_common.core.policies.registry import get_policy
+from agmarl_common.core.sim import dynamic, synthetic, traces
 from agmarl_trainer.rollout import Sample, action_edges, collate, run_dynamic_episode, run_inflation_episode, \
     segment_log_softmax, sub_cluster
 

@@ -1,6 +1,6 @@
 """Networks of the learned policy (training side, PyG): node encoder, pod actor, centralised critic.
 
-Heterogeneous graph (``agmarl_common.features.HeteroGraph``), node types ``node`` and ``pod``:
+Heterogeneous graph (``agmarl_common.core.features.HeteroGraph``), node types ``node`` and ``pod``:
 
     ('node', 'near', 'node')  rack / zone neighbours, self loops in the data   -> GATEncoder
     ('node', 'cand', 'pod')   candidate node -> pending pod, edge attr F_EDGE  -> PodActor (pod attends over candidates)
@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from torch_geometric.nn import GATConv, HeteroConv
 from torch_geometric.utils import scatter
 
-from agmarl_common.features import F_EDGE, F_NODE, F_POD
+from agmarl_common.core.features import F_EDGE, F_NODE, F_POD
 from agmarl_trainer.mixer import QMixer
 
 NEAR = ("node", "near", "node")

@@ -37,7 +37,7 @@ import onnxruntime
 from onnx import helper, numpy_helper
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
-from agmarl_common import modelstore
+from agmarl_common.serving import modelstore
 
 METHODS = ("dynamic", "weight-only")
 VARIANT = "int8"

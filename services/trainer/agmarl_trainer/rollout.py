@@ -1,6 +1,6 @@
 """Environments and rollouts: the inflation protocol and the dynamic simulator, driven step by step.
 
-Two protocols, both from ``agmarl_common.sim`` (the same code the benchmarks run):
+Two protocols, both from ``agmarl_common.core.sim`` (the same code the benchmarks run):
 - inflation (the FGD paper's): pods arrive once in a seeded inflated order and stay; one pod is one
   step. Step reward (GPU allocation gained, fragmentation avoided), in GPUs:
       r_t = -(gpu_milli_dropped_t) / 1000 - beta * (F_{t+1} - F_t) / 1000,
@@ -11,7 +11,7 @@ Two protocols, both from ``agmarl_common.sim`` (the same code the benchmarks run
 - dynamic (time-driven simulator): every tick the pending pods form one batch of agents; each picks a
   candidate, an arbiter binds them in order and re-checks each pick on the state left by the earlier
   ones (``filter_node``, via ``sim.dynamic.bind``); a refused pick stays pending. The round's reward is
-  ``agmarl_common.reward.total_reward`` of the cluster after the round (the reward defined once).
+  ``agmarl_common.core.reward.total_reward`` of the cluster after the round (the reward defined once).
 
 Samples are ``Sample(graph, label, logp, reward, done)`` over numpy graphs; ``collate`` batches them
 into one disjoint graph of tensors for the networks.
@@ -27,13 +27,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from agmarl_common.cluster.filters import feasible_mask, feasible_nodes, violations
-from agmarl_common.cluster.model import GPU_MILLI, ClusterState, Node, Pod, bind
-from agmarl_common.features import FeatureContext, HeteroGraph, build_graph, device_for
-from agmarl_common.policies.base import PolicyBase
-from agmarl_common.reward import Outcomes, reward_components, total_reward
-from agmarl_common.sim import dynamic, inflation
-from agmarl_common.sim.inflation import inflate_workload, pick_node
+from agmarl_common.core.cluster.filters import feasible_mask, feasible_nodes, violations
+from agmarl_common.core.cluster.model import GPU_MILLI, ClusterState, Node, Pod, bind
+from agmarl_common.core.features import FeatureContext, HeteroGraph, build_graph, device_for
+from agmarl_common.core.policies.base import PolicyBase
+from agmarl_common.core.reward import Outcomes, reward_components, total_reward
+from agmarl_common.core.sim import dynamic, inflation
+from agmarl_common.core.sim.inflation import inflate_workload, pick_node
 
 GRAPH_KEYS = ("node_x", "pod_x", "nn_edge_index", "pp_edge_index", "cand_pod", "cand_node", "cand_attr")
 

@@ -5,7 +5,7 @@
    of the actor's candidate softmax against the expert's pick.
 2. RL fine-tuning: PPO (clipped ratio, GAE) with the centralised critic (model.CentralCritic with the
    QMIX-style mixer). Rollouts run in worker processes with the current weights; inflation reward per
-   step in rollout.py, dynamic reward = agmarl_common.reward.total_reward per scheduling round.
+   step in rollout.py, dynamic reward = agmarl_common.core.reward.total_reward per scheduling round.
    Each pending pod is an agent; a round's joint log-probability is the sum over its agents.
 3. Quick evaluation on held-out sub-cluster seeds (greedy policy vs FGD), checkpoint, ONNX export and a
    parity check on real graphs, manifest.json.
@@ -74,7 +74,7 @@ class TrainResult:
 def quick_eval(net: PolicyNet, cfg: TrainConfig) -> dict[str, float]:
     net.eval()
     scorer = torch_scorer(net)
-    from agmarl_common.policies.fgd import FgdPolicy
+    from agmarl_common.core.policies.fgd import FgdPolicy
 
     ours, fgd = [], []
     for workload in cfg.eval.workloads:

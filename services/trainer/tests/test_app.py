@@ -13,13 +13,14 @@ import uuid
 
 import pytest
 
-from agmarl_common import messages as m
-from agmarl_common import modelstore, subjects
-from agmarl_common.bus import Bus
-from agmarl_common.cluster.filters import feasible_nodes
-from agmarl_common.cluster.model import ClusterState, bind, state_to_dict, to_dict
-from agmarl_common.service import ServiceRuntime
-from agmarl_common.sim import synthetic
+from agmarl_common.runtime import messages as m
+from agmarl_common.serving import modelstore
+from agmarl_common.runtime import subjects
+from agmarl_common.runtime.bus import Bus
+from agmarl_common.core.cluster.filters import feasible_nodes
+from agmarl_common.core.cluster.model import ClusterState, bind, state_to_dict, to_dict
+from agmarl_common.runtime.service import ServiceRuntime
+from agmarl_common.core.sim import synthetic
 from agmarl_trainer.app import TrainerApp, config_for, verdict_detail
 from agmarl_trainer.settings import TrainerSettings
 

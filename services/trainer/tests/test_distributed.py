@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from agmarl_common.features import F_EDGE, F_NODE, F_POD, HeteroGraph
+from agmarl_common.core.features import F_EDGE, F_NODE, F_POD, HeteroGraph
 from agmarl_trainer import distributed
 from agmarl_trainer.imitation import imitation_loss
 from agmarl_trainer.model import NetConfig, PolicyNet

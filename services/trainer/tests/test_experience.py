@@ -9,13 +9,13 @@ import time
 import numpy as np
 import pytest
 
-from agmarl_common import messages as m
-from agmarl_common import subjects
-from agmarl_common.bus import Bus
-from agmarl_common.cluster.compact import compact_state
-from agmarl_common.cluster.model import ClusterState, Node, Pod, bind, state_from_dict, state_to_dict, to_dict
-from agmarl_common.testing import wait_healthy
-from agmarl_common.features import POD_FEATURES
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
+from agmarl_common.runtime.bus import Bus
+from agmarl_common.core.cluster.compact import compact_state
+from agmarl_common.core.cluster.model import ClusterState, Node, Pod, bind, state_from_dict, state_to_dict, to_dict
+from agmarl_testing.fixtures import wait_healthy
+from agmarl_common.core.features import POD_FEATURES
 from agmarl_trainer.experience import ExperienceBuffer, decode_decision, experience_samples, read_experience, \
     reward_threshold
 

@@ -1,14 +1,14 @@
 """Export parity: ONNX Runtime (row-wise GAT, one thread) against the PyG networks, on random graphs of
-several sizes and on a real openb graph built by agmarl_common.features."""
+several sizes and on a real openb graph built by agmarl_common.core.features."""
 
 import numpy as np
 import pytest
 import torch
 
-from agmarl_common.cluster.filters import feasible_nodes
-from agmarl_common.cluster.model import ClusterState, bind
-from agmarl_common.features import F_EDGE, F_NODE, F_POD, FeatureContext, build_graph, device_for
-from agmarl_common.sim import traces
+from agmarl_common.core.cluster.filters import feasible_nodes
+from agmarl_common.core.cluster.model import ClusterState, bind
+from agmarl_common.core.features import F_EDGE, F_NODE, F_POD, FeatureContext, build_graph, device_for
+from agmarl_common.core.sim import traces
 from agmarl_trainer.export import (ACTOR_INPUTS, ACTOR_OUTPUTS, ENCODER_INPUTS, ENCODER_OUTPUTS, RowActor,
                                    RowEncoder, export_onnx, onnx_scores, onnx_sessions)
 from agmarl_trainer.model import NetConfig, PolicyNet

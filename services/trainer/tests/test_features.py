@@ -1,12 +1,12 @@
-"""agmarl_common.features: the graph both training and serving feed the model (tiny literal clusters)."""
+"""agmarl_common.core.features: the graph both training and serving feed the model (tiny literal clusters)."""
 
 import numpy as np
 import pytest
 
-from agmarl_common.cluster.model import RACK_LABEL, ZONE_LABEL, ClusterState, Node, Pod, bind
-from agmarl_common.features import (F_EDGE, F_NODE, F_POD, FeatureContext, build_graph, device_for, node_edges,
+from agmarl_common.core.cluster.model import RACK_LABEL, ZONE_LABEL, ClusterState, Node, Pod, bind
+from agmarl_common.core.features import (F_EDGE, F_NODE, F_POD, FeatureContext, build_graph, device_for, node_edges,
                                     node_feature_rows, pod_edges)
-from agmarl_common.sim.fragmentation import node_frag_amount
+from agmarl_common.core.sim.fragmentation import node_frag_amount
 
 NODES = (
     Node("a", 32000, 65536, gpu_count=2, gpu_model="T4", labels={ZONE_LABEL: "z1", RACK_LABEL: "r1"}),

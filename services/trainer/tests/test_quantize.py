@@ -13,11 +13,11 @@ import numpy as np
 import onnx
 import pytest
 
-from agmarl_common import modelstore
-from agmarl_common.policies.onnx_model import OnnxModelPolicy, make_session
-from agmarl_common.policies.registry import get_policy
-from agmarl_common.sim import traces
-from agmarl_common.sim.inflation import run_inflation
+from agmarl_common.serving import modelstore
+from agmarl_common.serving.onnx_model import OnnxModelPolicy, make_session
+from agmarl_common.core.policies.registry import get_policy
+from agmarl_common.core.sim import traces
+from agmarl_common.core.sim.inflation import run_inflation
 from agmarl_trainer.quantize import QuantizeConfig, gemm_to_matmul, quantize_model
 
 REPO = Path(__file__).resolve().parents[3]

@@ -4,11 +4,11 @@ batching and segment softmax."""
 import numpy as np
 import torch
 
-from agmarl_common.cluster.model import Node, Pod
-from agmarl_common.features import EDGE_FEATURES, F_EDGE, F_NODE, F_POD, POD_FEATURES, HeteroGraph
-from agmarl_common.policies.fgd import BestFitPolicy, FgdPolicy
-from agmarl_common.sim import dynamic, traces
-from agmarl_common.sim.inflation import run_inflation
+from agmarl_common.core.cluster.model import Node, Pod
+from agmarl_common.core.features import EDGE_FEATURES, F_EDGE, F_NODE, F_POD, POD_FEATURES, HeteroGraph
+from agmarl_common.core.policies.fgd import BestFitPolicy, FgdPolicy
+from agmarl_common.core.sim import dynamic, traces
+from agmarl_common.core.sim.inflation import run_inflation
 from agmarl_trainer.rollout import collate, run_dynamic_episode, run_inflation_episode, segment_log_softmax, sub_cluster
 
 FLAG, GAIN = POD_FEATURES.index("objective_composite"), EDGE_FEATURES.index("reward_gain")
@@ -27,8 +27,8 @@ def test_expert_episode_replays_run_inflation():
 
 
 def test_dynamic_episodes_ask_for_the_composite_reward():
-    from agmarl_common.policies.rewardaware import RewardAwarePolicy
-    from agmarl_common.sim import synthetic
+    from agmarl_common.core.policies.rewardaware import RewardAwarePolicy
+    from agmarl_common.core.sim import synthetic
 
     nodes = synthetic.synthetic_cluster(10, seed=2)
     pods = synthetic.generate("batch_online_mix", nodes, horizon_s=300, seed=2)

@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agmarl_common.cluster.filters import feasible_nodes
-from agmarl_common.cluster.model import ClusterState, bind
-from agmarl_common.policies.base import select_node
-from agmarl_common.sim import traces
+from agmarl_common.core.cluster.filters import feasible_nodes
+from agmarl_common.core.cluster.model import ClusterState, bind
+from agmarl_common.core.policies.base import select_node
+from agmarl_common.core.sim import traces
 from agmarl_trainer.cli import main
 from agmarl_trainer.evaluate import onnx_scorer
 from agmarl_trainer.export import sha256_file

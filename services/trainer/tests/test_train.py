@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from agmarl_common.features import F_EDGE, F_NODE, F_POD, HeteroGraph
+from agmarl_common.core.features import F_EDGE, F_NODE, F_POD, HeteroGraph
 from agmarl_trainer.cli import parse_seeds
 from agmarl_trainer.model import NetConfig, PolicyNet
 from agmarl_trainer.rollout import Sample

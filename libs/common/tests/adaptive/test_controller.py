@@ -2,12 +2,12 @@
 
 import numpy as np
 
-from agmarl_common.adaptive.controller import AdaptiveController, ControllerConfig
-from agmarl_common.adaptive.drift import PageHinkley
-from agmarl_common.adaptive.explore import ExploreConfig
-from agmarl_common.adaptive.features import RegimeFeatures
-from agmarl_common.adaptive.gate import ExpertLibrary, GateConfig
-from agmarl_common.adaptive.guard import GuardConfig
+from agmarl_common.core.adaptive.controller import AdaptiveController, ControllerConfig
+from agmarl_common.core.adaptive.drift import PageHinkley
+from agmarl_common.core.adaptive.explore import ExploreConfig
+from agmarl_common.core.adaptive.features import RegimeFeatures
+from agmarl_common.core.adaptive.gate import ExpertLibrary, GateConfig
+from agmarl_common.core.adaptive.guard import GuardConfig
 
 BASE = {"policy": "kube-resources", "model_version": "", "mode": "full", "reason": "initial", "time": 0.0,
         "previous": ""}

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from agmarl_common.adaptive.drift import (Adwin, Hysteresis, PageHinkley, adwin_update, ewma, hysteresis_update, kl,
+from agmarl_common.core.adaptive.drift import (Adwin, Hysteresis, PageHinkley, adwin_update, ewma, hysteresis_update, kl,
                                           ph_update, psi)
 
 

@@ -2,10 +2,10 @@
 
 import pytest
 
-from agmarl_common.adaptive.features import MIX_CELLS, RegimeFeatures, mix_cell, mix_counts, regime_features, shares
-from agmarl_common.adaptive.gate import (ExpertLibrary, GateConfig, choose_expert, gate_init, gate_update,
+from agmarl_common.core.adaptive.features import MIX_CELLS, RegimeFeatures, mix_cell, mix_counts, regime_features, shares
+from agmarl_common.core.adaptive.gate import (ExpertLibrary, GateConfig, choose_expert, gate_init, gate_update,
                                          regime_weights)
-from agmarl_common.cluster.model import ZONE_LABEL, ClusterState, Node, Pod, PodAffinityTerm, LabelSelector, bind
+from agmarl_common.core.cluster.model import ZONE_LABEL, ClusterState, Node, Pod, PodAffinityTerm, LabelSelector, bind
 
 
 @pytest.mark.parametrize("pod,cell", [

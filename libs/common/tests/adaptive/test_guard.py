@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from agmarl_common.adaptive.explore import MAX_EXPLORE_RATE, ExploreConfig, explore_choice, in_canary_scope
-from agmarl_common.adaptive.guard import GuardConfig, decided_delta, guard_check
-from agmarl_common.adaptive.history import decode_history, encode_history, push, rollback, rollback_index
+from agmarl_common.core.adaptive.explore import MAX_EXPLORE_RATE, ExploreConfig, explore_choice, in_canary_scope
+from agmarl_common.core.adaptive.guard import GuardConfig, decided_delta, guard_check
+from agmarl_common.core.adaptive.history import decode_history, encode_history, push, rollback, rollback_index
 
 CFG = GuardConfig(window=10, min_samples=5, min_reward=0.3, max_drop=0.25, min_success=0.8, min_decided=10)
 

@@ -1,6 +1,6 @@
 """The selection history: rollback targets and what promotions do to the gate's experts."""
 
-from agmarl_common.adaptive import history as hist
+from agmarl_common.core.adaptive import history as hist
 
 EXPERTS = {"low_load": "model:default", "batch": "model:default", "affinity": "kube-default"}
 

@@ -9,12 +9,12 @@ import msgpack
 import numpy as np
 import pytest
 
-from agmarl_common.cluster.compact import FORMAT, compact_dict, compact_state, drop_pending, is_compact, \
+from agmarl_common.core.cluster.compact import FORMAT, compact_dict, compact_state, drop_pending, is_compact, \
     pod_key_of, state_from_compact
-from agmarl_common.cluster.filters import feasible_nodes
-from agmarl_common.cluster.model import HOSTNAME_LABEL, ZONE_LABEL, ClusterState, LabelSelector, Node, Pod, \
+from agmarl_common.core.cluster.filters import feasible_nodes
+from agmarl_common.core.cluster.model import HOSTNAME_LABEL, ZONE_LABEL, ClusterState, LabelSelector, Node, Pod, \
     PodAffinityTerm, Taint, Toleration, TopologySpreadConstraint, bind, state_to_dict, to_dict
-from agmarl_common.features import FeatureContext, build_graph
+from agmarl_common.core.features import FeatureContext, build_graph
 
 WEB = {"app": "web"}
 NODES = (

@@ -9,12 +9,12 @@ import msgpack
 import numpy as np
 import pytest
 
-from agmarl_common import messages as m
-from agmarl_common.cluster.compact import SNAPSHOT_FORMAT, bound_pod_dicts, compact_dict, compact_snapshot, \
+from agmarl_common.runtime import messages as m
+from agmarl_common.core.cluster.compact import SNAPSHOT_FORMAT, bound_pod_dicts, compact_dict, compact_snapshot, \
     compact_snapshot_dict, is_compact, is_snapshot, state_from_compact, state_from_snapshot
-from agmarl_common.cluster.model import HOSTNAME_LABEL, MAX_GPUS, ZONE_LABEL, ClusterState, LabelSelector, Node, \
+from agmarl_common.core.cluster.model import HOSTNAME_LABEL, MAX_GPUS, ZONE_LABEL, ClusterState, LabelSelector, Node, \
     Pod, PodAffinityTerm, Taint, Toleration, bind, choose_gpus, state_from_dict, state_to_dict, to_dict
-from agmarl_common.sim.traces import load_openb_nodes, load_openb_pods
+from agmarl_common.core.sim.traces import load_openb_nodes, load_openb_pods
 
 UID = "0b7c3a52-7d1e-4c3e-9f5a-2f0e8d9c1a44"
 NODES = (

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agmarl_common.cluster.filters import (
+from agmarl_common.core.cluster.filters import (
     feasible_mask,
     feasible_nodes,
     filter_node,
@@ -19,7 +19,7 @@ from agmarl_common.cluster.filters import (
     fits_topology_spread,
     violations,
 )
-from agmarl_common.cluster.model import (
+from agmarl_common.core.cluster.model import (
     HOSTNAME_LABEL,
     ZONE_LABEL,
     ClusterState,
@@ -37,13 +37,13 @@ from agmarl_common.cluster.model import (
     state_to_dict,
     unbind,
 )
-from agmarl_common.cluster.selectors import (
+from agmarl_common.core.cluster.selectors import (
     label_value,
     matches_label_selector,
     pod_matches_node_affinity,
     term_matches_pod,
 )
-from agmarl_common.testing_states import WEB, node, pod, random_big_state, random_node, random_pod, rich_pod, term, zoned
+from agmarl_testing.states import WEB, node, pod, random_big_state, random_node, random_pod, rich_pod, term, zoned
 
 Req = LabelRequirement
 

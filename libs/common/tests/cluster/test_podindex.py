@@ -9,8 +9,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from agmarl_common.cluster.filters import feasible_mask, filter_node, violations
-from agmarl_common.cluster.model import (
+from agmarl_common.core.cluster.filters import feasible_mask, filter_node, violations
+from agmarl_common.core.cluster.model import (
     HOSTNAME_LABEL,
     ZONE_LABEL,
     ClusterState,
@@ -22,8 +22,8 @@ from agmarl_common.cluster.model import (
     unbind,
     unbind_at,
 )
-from agmarl_common.cluster.selectors import label_value, term_matches_pod
-from agmarl_common.testing_states import WEB, node, pod, random_big_state, rich_pod, term, zoned
+from agmarl_common.core.cluster.selectors import label_value, term_matches_pod
+from agmarl_testing.states import WEB, node, pod, random_big_state, rich_pod, term, zoned
 
 
 def _index_view(s: ClusterState) -> tuple:

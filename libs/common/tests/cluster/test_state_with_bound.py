@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from agmarl_common.cluster.model import ClusterState, Node, Pod, bind, pod_index, state_with_bound
+from agmarl_common.core.cluster.model import ClusterState, Node, Pod, bind, pod_index, state_with_bound
 
 NODES = (Node(name="n0", cpu_milli=8000, memory_mib=16384, gpu_count=2),
          Node(name="n1", cpu_milli=4000, memory_mib=8192))

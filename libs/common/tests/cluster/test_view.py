@@ -4,9 +4,9 @@ expire), diffs between states, and the whole state equal to what the simulator h
 import numpy as np
 import pytest
 
-from agmarl_common.cluster import changes as ch
-from agmarl_common.cluster.model import ClusterState, Node, Pod, bind
-from agmarl_common.cluster.view import MAX_SEQ_JUMP, ClusterView
+from agmarl_common.core.cluster import changes as ch
+from agmarl_common.core.cluster.model import ClusterState, Node, Pod, bind
+from agmarl_common.core.cluster.view import MAX_SEQ_JUMP, ClusterView
 
 
 def nodes():

@@ -3,12 +3,12 @@ import math
 import numpy as np
 import pytest
 
-from agmarl_common.cluster.model import ClusterState, Node, Pod, bind
-from agmarl_common.policies.base import Policy
-from agmarl_common.policies.fgd import (FGD_PAPER_POLICIES, BestFitPolicy, DotProdPolicy, FgdPolicy,
+from agmarl_common.core.cluster.model import ClusterState, Node, Pod, bind
+from agmarl_common.core.policies.base import Policy
+from agmarl_common.core.policies.fgd import (FGD_PAPER_POLICIES, BestFitPolicy, DotProdPolicy, FgdPolicy,
                                         GpuClusteringPolicy, GpuPackingPolicy, RandomPolicy, gpu_tag,
                                         normalise_like_simulator)
-from agmarl_common.sim.fragmentation import TargetWorkload, pod_shape
+from agmarl_common.core.sim.fragmentation import TargetWorkload, pod_shape
 
 
 def node(name, cpu, gpus=0, model="G2"):

@@ -4,11 +4,11 @@ import zlib
 
 import numpy as np
 
-from agmarl_common.cluster.model import ClusterState, Node, Pod, bind
-from agmarl_common.features import NODE_FEATURES, FeatureContext, node_order_keys
-from agmarl_common.policies.fgd import FgdPolicy
-from agmarl_common.policies.fgdpack import FgdPackPolicy
-from agmarl_common.policies.registry import get_policy
+from agmarl_common.core.cluster.model import ClusterState, Node, Pod, bind
+from agmarl_common.core.features import NODE_FEATURES, FeatureContext, node_order_keys
+from agmarl_common.core.policies.fgd import FgdPolicy
+from agmarl_common.core.policies.fgdpack import FgdPackPolicy
+from agmarl_common.core.policies.registry import get_policy
 
 
 def node(name, gpus=2):

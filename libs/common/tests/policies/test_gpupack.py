@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from agmarl_common.cluster.model import ClusterState, Node, Pod, bind
-from agmarl_common.policies.fgd import FgdPolicy
-from agmarl_common.policies.gpupack import NOLS_NAME, VARIANTS, GpuPackPolicy, is_gpu_pod
-from agmarl_common.policies.headroom import guard_policy
-from agmarl_common.policies.registry import get_policy
+from agmarl_common.core.cluster.model import ClusterState, Node, Pod, bind
+from agmarl_common.core.policies.fgd import FgdPolicy
+from agmarl_common.core.policies.gpupack import NOLS_NAME, VARIANTS, GpuPackPolicy, is_gpu_pod
+from agmarl_common.core.policies.headroom import guard_policy
+from agmarl_common.core.policies.registry import get_policy
 
 
 def node(name, gpus=2, cpu=32000):

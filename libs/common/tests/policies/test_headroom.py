@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agmarl_common.cluster.model import ClusterState, Node, Pod, bind
-from agmarl_common.policies.base import Policy, select_node
-from agmarl_common.policies.headroom import (
+from agmarl_common.core.cluster.model import ClusterState, Node, Pod, bind
+from agmarl_common.core.policies.base import Policy, select_node
+from agmarl_common.core.policies.headroom import (
     HeadroomConfig,
     HeadroomPolicy,
     ShapeRecord,
@@ -15,8 +15,8 @@ from agmarl_common.policies.headroom import (
     score_ls_guard,
     shape_fragmentation,
 )
-from agmarl_common.policies.registry import get_policy, policy_names
-from agmarl_common.policies.rewardaware import RewardAwarePolicy
+from agmarl_common.core.policies.registry import get_policy, policy_names
+from agmarl_common.core.policies.rewardaware import RewardAwarePolicy
 
 CAP = 10000
 BIG = (8000, 8000)

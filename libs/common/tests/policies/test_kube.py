@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agmarl_common.cluster.model import (
+from agmarl_common.core.cluster.model import (
     HOSTNAME_LABEL,
     ZONE_LABEL,
     ClusterState,
@@ -22,8 +22,8 @@ from agmarl_common.cluster.model import (
     WeightedPodAffinityTerm,
     bind,
 )
-from agmarl_common.policies.base import Policy, select_node
-from agmarl_common.policies.kube import (
+from agmarl_common.core.policies.base import Policy, select_node
+from agmarl_common.core.policies.kube import (
     WITH_GPU,
     KubeDefaultPolicy,
     KubeResourcesPolicy,
@@ -41,7 +41,7 @@ from agmarl_common.policies.kube import (
     score_requested_to_capacity_ratio,
     score_taint_toleration,
 )
-from agmarl_common.policies.registry import get_policy, policy_names, register_policy
+from agmarl_common.core.policies.registry import get_policy, policy_names, register_policy
 
 
 def pod(name="p", cpu=1000, mem=2000, **kw) -> Pod:

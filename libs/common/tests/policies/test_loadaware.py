@@ -7,9 +7,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from agmarl_common.cluster.model import ClusterState, Node, Pod, bind
-from agmarl_common.policies.base import select_node
-from agmarl_common.policies.loadaware import (
+from agmarl_common.core.cluster.model import ClusterState, Node, Pod, bind
+from agmarl_common.core.policies.base import select_node
+from agmarl_common.core.policies.loadaware import (
     KoordLoadAwarePolicy,
     LoadVariationRiskBalancingPolicy,
     TargetLoadPackingPolicy,

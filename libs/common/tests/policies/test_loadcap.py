@@ -8,13 +8,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from agmarl_common.cluster.model import ClusterState, bind
-from agmarl_common.policies.base import admission_reason, admitted, select_node
-from agmarl_common.policies.loadcap import CAP, LoadCapPolicy, admit_under_cap
-from agmarl_common.policies.registry import get_policy
-from agmarl_common.sim import dynamic, synthetic
-from agmarl_common.sim.metrics import node_cpu_pressure
-from agmarl_common.testing_states import node, pod
+from agmarl_common.core.cluster.model import ClusterState, bind
+from agmarl_common.core.policies.base import admission_reason, admitted, select_node
+from agmarl_common.core.policies.loadcap import CAP, LoadCapPolicy, admit_under_cap
+from agmarl_common.core.policies.registry import get_policy
+from agmarl_common.core.sim import dynamic, synthetic
+from agmarl_common.core.cluster.metrics import node_cpu_pressure
+from agmarl_testing.states import node, pod
 
 
 def three_nodes() -> ClusterState:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agmarl_common.cluster.model import (
+from agmarl_common.core.cluster.model import (
     ZONE_LABEL,
     ClusterState,
     LabelRequirement,
@@ -18,9 +18,9 @@ from agmarl_common.cluster.model import (
     WeightedPodAffinityTerm,
     bind,
 )
-from agmarl_common.policies.base import Policy, select_node
-from agmarl_common.policies.registry import get_policy, policy_names
-from agmarl_common.policies.rewardaware import (
+from agmarl_common.core.policies.base import Policy, select_node
+from agmarl_common.core.policies.registry import get_policy, policy_names
+from agmarl_common.core.policies.rewardaware import (
     RewardAwareConfig,
     RewardAwarePolicy,
     gain_weights,
@@ -33,7 +33,7 @@ from agmarl_common.policies.rewardaware import (
     score_net_gain,
     score_utilisation_gain,
 )
-from agmarl_common.reward import (
+from agmarl_common.core.reward import (
     IO_HEAVY_LABEL,
     LOCAL_SSD_LABEL,
     NETWORK_HEAVY_LABEL,

@@ -9,11 +9,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from agmarl_common.cluster.filters import feasible_nodes
-from agmarl_common.policies.registry import get_policy
-from agmarl_common.policies.rewardaware import RewardAwareConfig, RewardAwarePolicy, reward_gains_batch
-from agmarl_common.reward import IO_HEAVY_LABEL, NETWORK_HEAVY_LABEL, SCHEMES
-from agmarl_common.sim import dynamic, synthetic
+from agmarl_common.core.cluster.filters import feasible_nodes
+from agmarl_common.core.policies.registry import get_policy
+from agmarl_common.core.policies.rewardaware import RewardAwareConfig, RewardAwarePolicy, reward_gains_batch
+from agmarl_common.core.reward import IO_HEAVY_LABEL, NETWORK_HEAVY_LABEL, SCHEMES
+from agmarl_common.core.sim import dynamic, synthetic
 
 
 def declared(pods):

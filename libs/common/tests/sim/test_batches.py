@@ -1,11 +1,11 @@
 import numpy as np
 import pytest
 
-from agmarl_common.cluster.filters import violations
-from agmarl_common.cluster.model import ClusterState, Node, Pod, Taint, Toleration
-from agmarl_common.policies.fgd import BestFitPolicy, FgdPolicy
-from agmarl_common.policies.joint import JointPlacer, candidate_orders, largest_first
-from agmarl_common.sim.batches import (SequentialPlacer, apply_binds, place_in_order, plan_batches, run_batches,
+from agmarl_common.core.cluster.filters import violations
+from agmarl_common.core.cluster.model import ClusterState, Node, Pod, Taint, Toleration
+from agmarl_common.core.policies.fgd import BestFitPolicy, FgdPolicy
+from agmarl_common.core.policies.joint import JointPlacer, candidate_orders, largest_first
+from agmarl_common.core.sim.batches import (SequentialPlacer, apply_binds, place_in_order, plan_batches, run_batches,
                                        split_groups, sub_cluster)
 
 

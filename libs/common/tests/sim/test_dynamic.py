@@ -5,13 +5,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from agmarl_common.cluster import model
-from agmarl_common.cluster.model import ClusterState, Node, Pod, PodAffinityTerm, LabelSelector
-from agmarl_common.policies.base import PolicyBase
-from agmarl_common.sim import dynamic
-from agmarl_common.sim.dynamic import SimConfig, advance, bind, reset, run, snapshot_stats
-from agmarl_common.sim.loadcurve import flat_curve
-from agmarl_common.sim.synthetic import affinity_heavy, batch_online_mix, synthetic_cluster
+from agmarl_common.core.cluster import model
+from agmarl_common.core.cluster.model import ClusterState, Node, Pod, PodAffinityTerm, LabelSelector
+from agmarl_common.core.policies.base import PolicyBase
+from agmarl_common.core.sim import dynamic
+from agmarl_common.core.sim.dynamic import SimConfig, advance, bind, reset, run, snapshot_stats
+from agmarl_common.core.sim.loadcurve import flat_curve
+from agmarl_common.core.sim.synthetic import affinity_heavy, batch_online_mix, synthetic_cluster
 
 
 class LeastAllocatedTestPolicy(PolicyBase):

@@ -1,10 +1,10 @@
 import numpy as np
 import pytest
 
-from agmarl_common.cluster.model import ClusterState, Node, Pod, bind
-from agmarl_common.sim.fragmentation import (TargetWorkload, cluster_fragmentation, node_frag_amount, pod_shape,
+from agmarl_common.core.cluster.model import ClusterState, Node, Pod, bind
+from agmarl_common.core.sim.fragmentation import (TargetWorkload, cluster_fragmentation, node_frag_amount, pod_shape,
                                              state_frag, target_workload)
-from agmarl_common.sim.traces import (FGD_EXPECTED_DIR, GPU_NODES, load_fgd_expected, load_openb_nodes,
+from agmarl_common.core.sim.traces import (FGD_EXPECTED_DIR, GPU_NODES, load_fgd_expected, load_openb_nodes,
                                       load_openb_pods, openb_node_path, openb_pod_path)
 
 

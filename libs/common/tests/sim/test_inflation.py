@@ -1,11 +1,11 @@
 import numpy as np
 import pytest
 
-from agmarl_common.cluster.filters import feasible_mask
-from agmarl_common.cluster.model import ClusterState, Node, Pod, bind
-from agmarl_common.policies.fgd import FGD_PAPER_POLICIES, BestFitPolicy, FgdPolicy
-from agmarl_common.sim.inflation import binned_mean, inflate_workload, pick_node, run_inflation
-from agmarl_common.sim.traces import (GPU_NODES, load_fgd_expected, load_openb_nodes, load_openb_pods,
+from agmarl_common.core.cluster.filters import feasible_mask
+from agmarl_common.core.cluster.model import ClusterState, Node, Pod, bind
+from agmarl_common.core.policies.fgd import FGD_PAPER_POLICIES, BestFitPolicy, FgdPolicy
+from agmarl_common.core.sim.inflation import binned_mean, inflate_workload, pick_node, run_inflation
+from agmarl_common.core.sim.traces import (GPU_NODES, load_fgd_expected, load_openb_nodes, load_openb_pods,
                                       openb_node_path, openb_pod_path)
 
 

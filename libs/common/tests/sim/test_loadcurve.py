@@ -5,8 +5,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agmarl_common.sim import loadcurve
-from agmarl_common.sim.loadcurve import LoadCurve, fit_to_horizon, load_curve, read_series, sinusoid_curve
+from agmarl_common.core.sim import loadcurve
+from agmarl_common.core.sim.loadcurve import LoadCurve, fit_to_horizon, load_curve, read_series, sinusoid_curve
 
 
 def _csv(tmp_path: Path, text: str) -> Path:

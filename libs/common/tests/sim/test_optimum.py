@@ -1,13 +1,13 @@
 import numpy as np
 import pytest
 
-from agmarl_common.cluster.model import ClusterState, Node, Pod
-from agmarl_common.policies.fgd import BestFitPolicy, FgdPolicy, GpuPackingPolicy
-from agmarl_common.policies.joint import JointPlacer
-from agmarl_common.sim.batches import BatchPlan, SequentialPlacer, run_batches
+from agmarl_common.core.cluster.model import ClusterState, Node, Pod
+from agmarl_common.core.policies.fgd import BestFitPolicy, FgdPolicy, GpuPackingPolicy
+from agmarl_common.core.policies.joint import JointPlacer
+from agmarl_common.core.sim.batches import BatchPlan, SequentialPlacer, run_batches
 
 pytest.importorskip("highspy")
-from agmarl_common.sim.optimum import max_gpu_packing  # noqa: E402 - needs highspy (requirements-dev)
+from agmarl_common.core.sim.optimum import max_gpu_packing  # noqa: E402 - needs highspy (requirements-dev)
 
 
 def pod(name, cpu=1000, num=1, milli=1000, mem=1024, **kw):

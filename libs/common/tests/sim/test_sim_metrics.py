@@ -5,8 +5,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from agmarl_common.cluster.model import ClusterState, Node, Pod, bind
-from agmarl_common.sim import metrics
+from agmarl_common.core.cluster.model import ClusterState, Node, Pod, bind
+from agmarl_common.core.cluster import metrics as state_metrics
+from agmarl_common.core.sim import metrics
 
 
 def _two_nodes() -> ClusterState:
@@ -20,16 +21,16 @@ def _two_nodes() -> ClusterState:
 
 def test_utilisation_is_requested_over_capacity_of_schedulable_nodes():
     s = _two_nodes()
-    u = metrics.utilisation(s)
+    u = state_metrics.utilisation(s)
     assert u["cpu"] == pytest.approx(1400 / 2000)
     assert u["mem"] == pytest.approx(1000 / 4000)
     assert u["gpu"] == pytest.approx(500 / 2000)
     down = replace(s, schedulable=np.array([True, False]))
-    assert metrics.utilisation(down) == {"cpu": 0.5, "mem": 0.25, "gpu": 0.0}
+    assert state_metrics.utilisation(down) == {"cpu": 0.5, "mem": 0.25, "gpu": 0.0}
 
 
 def test_utilisation_of_an_empty_cluster_is_zero():
-    assert metrics.utilisation(ClusterState.empty(())) == {"cpu": 0.0, "mem": 0.0, "gpu": 0.0}
+    assert state_metrics.utilisation(ClusterState.empty(())) == {"cpu": 0.0, "mem": 0.0, "gpu": 0.0}
 
 
 @pytest.mark.parametrize("schedulable, expected", [
@@ -38,7 +39,7 @@ def test_utilisation_of_an_empty_cluster_is_zero():
 ])
 def test_balance_is_std_of_node_cpu_utilisation(schedulable, expected):
     s = replace(_two_nodes(), schedulable=np.array(schedulable))
-    assert metrics.balance(s) == pytest.approx(expected)
+    assert state_metrics.balance(s) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("load, threshold, hot", [
@@ -51,17 +52,17 @@ def test_hot_nodes_use_max_of_requested_and_load(load, threshold, hot):
     s = _two_nodes()
     if load is not None:
         s = replace(s, cpu_load=np.array(load))
-    assert metrics.hot_nodes(s, threshold).tolist() == hot
+    assert state_metrics.hot_nodes(s, threshold).tolist() == hot
 
 
 def test_sla_violators_are_ls_pods_on_hot_nodes():
     s = _two_nodes()
-    bad, total = metrics.sla_violators(s)
+    bad, total = state_metrics.sla_violators(s)
     assert sorted(bad) == ["default/b", "default/g"]
     assert total == 2
     s2 = replace(s, cpu_load=np.array([950.0, 0.0]))  # node 0 hot holds only a BE pod
-    assert sorted(metrics.sla_violators(s2)[0]) == ["default/b", "default/g"]
-    assert metrics.sla_violators(s, threshold=0.95) == ([], 2)
+    assert sorted(state_metrics.sla_violators(s2)[0]) == ["default/b", "default/g"]
+    assert state_metrics.sla_violators(s, threshold=0.95) == ([], 2)
 
 
 @pytest.mark.parametrize("samples, q, expected", [

@@ -5,10 +5,10 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from agmarl_common.cluster.model import HOSTNAME_LABEL, RACK_LABEL, ZONE_LABEL, Node
-from agmarl_common.sim import synthetic
-from agmarl_common.sim.loadcurve import LoadCurve, fit_to_horizon, flat_curve, load_curve, sinusoid_curve
-from agmarl_common.sim.synthetic import SYNTHETIC_WORKLOADS, generate, synthetic_cluster
+from agmarl_common.core.cluster.model import HOSTNAME_LABEL, RACK_LABEL, ZONE_LABEL, Node
+from agmarl_common.core.sim import synthetic
+from agmarl_common.core.sim.loadcurve import LoadCurve, fit_to_horizon, flat_curve, load_curve, sinusoid_curve
+from agmarl_common.core.sim.synthetic import SYNTHETIC_WORKLOADS, generate, synthetic_cluster
 
 FLAT = flat_curve()
 

@@ -3,7 +3,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agmarl_common.sim.traces import (ALL_NODES, GPU_NODES, available_workloads, load_fgd_expected,
+from agmarl_common.core.sim.traces import (ALL_NODES, GPU_NODES, available_workloads, load_fgd_expected,
                                       load_openb_nodes, load_openb_pods, openb_node_path, openb_pod_path)
 
 NODE_HEADER = "sn,cpu_milli,memory_mib,gpu,model\n"

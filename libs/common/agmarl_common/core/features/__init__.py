@@ -1,0 +1,386 @@
+"""Model inputs: the heterogeneous scheduling graph, built by the same numpy code in training and serving.
+
+``build_graph(pods, state, candidates, context) -> HeteroGraph`` turns pending pods, the cluster and each
+pod's candidate nodes (after the hard filter) into the arrays the learned policy reads (the ONNX contract
+in docs/model.md):
+
+- ``node_x`` (N, F_NODE): one row per node, a function of that node alone (its capacity, usage, GPU
+  devices, bound pods, its fragmentation against the target workload and ``order_key``, a stable
+  hash of its name that gives near-ties one fixed order), so serving caches rows and recomputes only
+  the nodes whose usage changed (``FeatureContext`` does exactly that; rows: ``features_nodes``);
+- ``pod_x`` (P, F_POD): one row per pending pod;
+- ``nn_edge_index`` (2, E_nn): node -> node edges within a rack (+-2 neighbours) and a zone (+-1),
+  plus a self loop per node, so the degree is at most 7 whatever the cluster size. Nodes without
+  zone/rack labels (the openb trace) are grouped by GPU model, their hardware pool;
+- ``pp_edge_index`` (2, E_pp): pod -> pod edges between pending pods of one service (or one label set
+  with affinity terms), +-2 neighbours, plus self loops; read by the training-side critic only;
+- ``cand_pod``, ``cand_node`` (E,): candidate pairs, pod-major in ``candidates`` order;
+- ``cand_attr`` (E, F_EDGE): what placing that pod on that node would leave (fit tightness, cpu/mem/GPU
+  left, the FGD fragmentation delta with the best GPU device);
+- ``cand_device`` (E,): that best device for a GPU-share pod (-1 otherwise): the device the policy binds.
+
+Bound pods are not graph nodes: the "bound-to" relation is summarised into node features (pod count,
+GPU pods, device usage), which keeps the graph at N + P vertices however many pods run (a 5,000-node
+cluster holds ~100,000 bound pods) and keeps node rows independent of each other.
+
+Pure numpy: no torch. ``FeatureContext`` carries the target workload and memoised per-node results
+(derived data only: outputs depend on the arguments alone). ``build_graph`` computes the pairs of all
+pods at once (``pair_features_batch``; ``pair_features`` is one pod's slice of it). What the pair rows
+read (placement fragmentation, the ``reward_gain`` column, the row scales) lives in
+``agmarl_common.core.features.pairs``, the node rows in ``features_nodes``, the edges in ``features_edges`` (all
+re-exported here); none of them imports this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from agmarl_common.core.cluster.model import GPU_MILLI, MAX_GPUS, ClusterState, Pod, choose_gpus
+from agmarl_common.core.features.edges import POD_HALF, RACK_HALF, ZONE_HALF, node_edges, pod_edges  # noqa: F401
+from agmarl_common.core.features.nodes import node_feature_rows, node_order_keys  # noqa: F401  (re-exported)
+from agmarl_common.core.features.pairs import (  # noqa: F401  (pair inputs: re-exported, part of this module's API)
+    CPU_SCALE, EDGE_FEATURES, F_EDGE, FRAG_SCALE, GPU_SCALE, MEM_SCALE, OBJECTIVES, check_objective, current_memos,
+    gpu_left, objective_gains, placement_frag, placement_frag_many, shape_jobs)
+from agmarl_common.core.sim.fragmentation import TargetWorkload, pod_shape, target_workload
+
+NODE_FEATURES = (
+    "cpu_free", "mem_free", "gpu_free", "gpu_whole_free", "pods_free", "cpu_util", "mem_util", "gpu_util",
+    "has_gpu", "gpu_count", "gpu_partial", "gpu_max_free", "frag", "frag_ratio", "target_access", "empty",
+    "schedulable", "gpu_pods",
+) + tuple(f"dev_free_{j}" for j in range(MAX_GPUS)) + ("order_key",)
+POD_FEATURES = ("cpu", "mem", "num_gpu", "gpu_milli", "gpu_total", "is_share", "cpu_only", "is_ls", "has_spec",
+                "shape_prob", "log_cpu", "objective_composite")
+F_NODE = len(NODE_FEATURES)  # 27
+F_POD = len(POD_FEATURES)  # 12
+
+
+@dataclass(frozen=True)
+class HeteroGraph:
+    node_x: np.ndarray  # (N, F_NODE) float32
+    pod_x: np.ndarray  # (P, F_POD) float32
+    nn_edge_index: np.ndarray  # (2, E_nn) int64 node -> node, self loops included
+    pp_edge_index: np.ndarray  # (2, E_pp) int64 pod -> pod, self loops included
+    cand_pod: np.ndarray  # (E,) int64
+    cand_node: np.ndarray  # (E,) int64
+    cand_attr: np.ndarray  # (E, F_EDGE) float32
+    cand_device: np.ndarray  # (E,) int64 best device of a GPU-share pod, -1 otherwise
+
+    @property
+    def n_nodes(self) -> int:
+        return int(self.node_x.shape[0])
+
+    @property
+    def n_pods(self) -> int:
+        return int(self.pod_x.shape[0])
+
+    @property
+    def n_cand(self) -> int:
+        return int(self.cand_pod.shape[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# Context: target workload and memoised per-node data
+
+
+@dataclass
+class FeatureContext:
+    """The target workload fragmentation is measured against, and caches tied to one ``nodes`` tuple.
+
+    Caches are keyed by node usage, so a stale entry is never read: a row is recomputed when any of
+    the node's usage arrays differ from the snapshot it was computed from. The snapshot holds the usage
+    arrays of the last state seen (``ClusterState`` is immutable: ``bind``/``unbind`` make new arrays), and
+    the same arrays again mean no change. Each row has a version, bumped when it changes; the
+    fragmentation memo of each pod shape records the version its rows were computed at.
+    """
+
+    target: TargetWorkload
+    objective: str = "composite"  # OBJECTIVES: what the scheduler optimises (pod row and ``reward_gain``)
+    scheme: str = "fixed"  # the composite reward's weighting scheme (reward.SCHEMES)
+    _nodes: tuple = ()
+    _access: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), bool))
+    _access_class: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (n,) id of the access row
+    _snap: tuple = ()
+    _node_x: np.ndarray = field(default_factory=lambda: np.zeros((0, F_NODE), np.float32))
+    _frag: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    _edges: np.ndarray | None = None
+    _version: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (n,) bumped when a row changes
+    _terms: dict = field(default_factory=dict)  # per-node terms the pair features read, (n,) or (n, G) each
+    _pairs: dict = field(default_factory=dict)  # pod shape -> (row version, delta, after, device), (n,) each
+    _shape_prob: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_objective(self.objective)
+
+    @staticmethod
+    def from_workload(pods: Sequence[Pod], objective: str = "composite", scheme: str = "fixed") -> "FeatureContext":
+        return FeatureContext(target_workload(pods), objective, scheme)
+
+    def _bind_nodes(self, state: ClusterState) -> None:
+        if state.nodes is self._nodes and self._node_x.shape[0] == state.n_nodes:
+            return
+        n = state.n_nodes
+        self._nodes = state.nodes
+        self._access = self.target.accessible(state.gpu_model)
+        self._access_class = np.unique(self._access, axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
+        self._snap = ()
+        self._node_x = np.zeros((n, F_NODE), np.float32)
+        self._frag = np.zeros(n)
+        self._version = np.zeros(n, np.int64)
+        z = np.zeros(n, np.int64)
+        self._terms = {"cpu_cap": np.maximum(state.cpu_cap, 1), "mem_cap": np.maximum(state.mem_cap, 1),
+                       "gpu_count": state.gpu_count.copy(), "gpu_cap": state.gpu_count * GPU_MILLI,
+                       "cpu_free": z.copy(), "mem_free": z.copy(), "gpu_idle": z.copy(), "whole_free": z.copy(),
+                       "empty": np.zeros(n, bool), "gpu_left": np.zeros((n, MAX_GPUS), np.int64)}
+        self._edges = None
+        self._pairs = {}
+
+    def access(self, state: ClusterState) -> np.ndarray:
+        """(n, K) bool: which target shapes each node's GPU model admits."""
+        self._bind_nodes(state)
+        return self._access
+
+    def node_x(self, state: ClusterState) -> np.ndarray:
+        """(n, F_NODE) float32 node features, rows recomputed only where usage changed (a copy)."""
+        self._refresh(state)
+        return self._node_x.copy()
+
+    def node_frag(self, state: ClusterState) -> np.ndarray:
+        """(n,) fragmentation amount (GPU milli) of every node against the target (a copy)."""
+        self._refresh(state)
+        return self._frag.copy()
+
+    def _refresh(self, state: ClusterState) -> None:
+        self._bind_nodes(state)
+        cur = (state.cpu_used, state.mem_used, state.pods_used, state.gpu_used, state.schedulable)
+        if len(self._snap) == len(cur) and all(a is b for a, b in zip(cur, self._snap)):
+            return  # the same arrays: nothing changed
+        if not self._snap:
+            rows = np.arange(state.n_nodes)
+        else:
+            diff = np.zeros(state.n_nodes, dtype=bool)
+            for a, b in zip(cur, self._snap):
+                d = a != b
+                diff |= d.any(axis=1) if d.ndim == 2 else d
+            rows = np.flatnonzero(diff)
+        if rows.size:
+            x, frag = node_feature_rows(state, rows, self._access[rows], self.target)
+            self._node_x[rows] = x
+            self._frag[rows] = frag
+            self._version[rows] += 1
+            self._refresh_terms(state, rows)
+        self._snap = cur  # references: states are immutable (bind/unbind return new arrays)
+
+    def _refresh_terms(self, state: ClusterState, rows: np.ndarray) -> None:
+        t = self._terms
+        left = gpu_left(state, rows)
+        t["gpu_left"][rows] = left
+        t["gpu_idle"][rows] = left.sum(axis=1)
+        t["whole_free"][rows] = (left >= GPU_MILLI).sum(axis=1)
+        t["cpu_free"][rows] = state.cpu_cap[rows] - state.cpu_used[rows]
+        t["mem_free"][rows] = state.mem_cap[rows] - state.mem_used[rows]
+        t["empty"][rows] = state.pods_used[rows] == 0
+
+    def pair_terms(self, state: ClusterState) -> dict[str, np.ndarray]:
+        """Per-node terms of the pair features, current for ``state`` (read-only arrays, not copies)."""
+        self._refresh(state)
+        return self._terms
+
+    def nn_edges(self, state: ClusterState) -> np.ndarray:
+        self._bind_nodes(state)
+        if self._edges is None:
+            self._edges = node_edges(state)
+        return self._edges
+
+    def shape_prob(self, pod: Pod) -> float:
+        """Probability of the pod's shape in the target workload (0 when it is not a typical shape)."""
+        if not self._shape_prob:
+            t = self.target
+            for k in range(t.size):
+                key = (int(t.cpu_milli[k]), int(t.gpu_milli[k]), int(t.num_gpu[k]), "|".join(t.gpu_spec[k]))
+                self._shape_prob[key] = self._shape_prob.get(key, 0.0) + float(t.prob[k])
+        return self._shape_prob.get(pod_shape(pod), 0.0)
+
+    def frag_after(self, pod: Pod, state: ClusterState, idx: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(delta, after, device) for placing ``pod`` on nodes ``idx``: fragmentation change and amount
+        after the placement (GPU milli) and the chosen device for a share (-1 otherwise). Memoised per
+        pod shape and node usage; identical node states are computed once."""
+        self._refresh(state)
+        (_, delta, after, dev), = self._memos([(pod_shape(pod), idx)], state)
+        return delta[idx].copy(), after[idx].copy(), dev[idx].copy()
+
+    def device_on(self, pod: Pod, state: ClusterState, i: int) -> int:
+        """The device ``frag_after(pod, state, [i])`` gives when node i changed since this context last saw
+        it (-1: no device fits, or not a share), computed for that node alone: the other rows and the memos
+        are not refreshed (a batch arbiter asks this after each grant; the next ``_refresh`` catches up)."""
+        self._bind_nodes(state)
+        (_, dev), = placement_frag_many([(pod_shape(pod), np.array([i], np.int64))], state, self._access,
+                                        self._access_class, self.target)
+        return int(dev[0])
+
+    def frag_after_batch(self, pods: Sequence[Pod], state: ClusterState, idx: np.ndarray,
+                         pod_of: np.ndarray) -> tuple[np.ndarray, ...]:
+        """``frag_after`` for many pairs at once: pair e places ``pods[pod_of[e]]`` on node ``idx[e]``.
+        The stale memo rows of every pod shape are recomputed together, in one pass."""
+        self._refresh(state)
+        jobs, flat = shape_jobs(pods, idx, pod_of, state.n_nodes)
+        memos = self._memos(jobs, state)
+        return tuple(np.concatenate([m[j] for m in memos])[flat] for j in (1, 2, 3))
+
+    def _memos(self, jobs: list[tuple[tuple, np.ndarray]], state: ClusterState) -> list[tuple[np.ndarray, ...]]:
+        """``current_memos`` of ``jobs`` in this context's memo (after ``_refresh``)."""
+        return current_memos(self._pairs, jobs, state, self._version, self._frag, self._access, self._access_class,
+                             self.target)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pods and candidate pairs (the pair inputs: ``features_pairs``)
+
+
+def pod_features(pods: Sequence[Pod], context: FeatureContext) -> np.ndarray:
+    """(P, F_POD) float32."""
+    composite = float(context.objective == "composite")
+    rows = []
+    for p in pods:
+        milli = p.gpu_milli if p.num_gpu > 0 else 0
+        rows.append([
+            p.cpu_milli / CPU_SCALE, p.memory_mib / MEM_SCALE, p.num_gpu / MAX_GPUS, milli / GPU_MILLI,
+            p.num_gpu * milli / GPU_SCALE, float(p.is_gpu_share), float(p.num_gpu == 0),
+            float(p.qos in ("LS", "Guaranteed")), float(bool(p.gpu_spec)), context.shape_prob(p),
+            np.log1p(p.cpu_milli / 1000.0) / 5.0, composite,
+        ])
+    return np.asarray(rows, dtype=np.float32).reshape(len(pods), F_POD)
+
+
+def pod_feature_key(pod: Pod, objective: str = "composite") -> tuple:
+    """What the model's inputs read of a pod (``pod_features``, ``pair_features``): pods with equal keys
+    get equal pod rows and, on the same candidate nodes, equal pair rows, hence equal scores. Under the
+    composite objective the ``reward_gain`` column also reads the pod's labels, service, QoS class and
+    preferences (what ``policies.rewardaware`` scores)."""
+    key = (pod.cpu_milli, pod.memory_mib, pod.num_gpu, pod.gpu_milli if pod.num_gpu > 0 else 0, tuple(pod.gpu_spec),
+           pod.qos in ("LS", "Guaranteed"))
+    if objective != "composite":
+        return key
+    # terms hold label selectors (dicts, unhashable): keyed by their repr (equal terms, equal repr; a
+    # different dict order only makes two equal pods score separately)
+    return key + (pod.qos, pod.namespace, pod.service, tuple(sorted(pod.labels.items())), pod.preferred_node_affinity,
+                  pod.tolerations, repr((pod.preferred_pod_affinity, pod.preferred_pod_anti_affinity,
+                                         pod.topology_spread)))
+
+
+def identical_pods(pods: Sequence[Pod], candidates: Sequence[np.ndarray],
+                   objective: str = "composite") -> tuple[list[int], np.ndarray]:
+    """(the first pod of each group of pods with equal ``pod_feature_key`` and equal candidates, (P,) the
+    position of each pod's group in that list): score the first ones, then ``scores[group[k]]`` is pod k's."""
+    first: dict[tuple, int] = {}
+    reps: list[int] = []
+    group = np.zeros(len(pods), np.int64)
+    for k, (p, c) in enumerate(zip(pods, candidates)):
+        key = (pod_feature_key(p, objective), np.asarray(c, np.int64).tobytes())
+        if key not in first:
+            first[key] = len(reps)
+            reps.append(k)
+        group[k] = first[key]
+    return reps, group
+
+
+def pair_features(pod: Pod, state: ClusterState, cand: np.ndarray,
+                  context: FeatureContext) -> tuple[np.ndarray, np.ndarray]:
+    """((E, F_EDGE) float32 features, (E,) device) of placing ``pod`` on each node of ``cand``: its slice
+    of ``pair_features_batch``."""
+    return pair_features_batch([pod], state, [np.asarray(cand, dtype=np.int64)], context)
+
+
+def pair_features_batch(pods: Sequence[Pod], state: ClusterState, candidates: Sequence[np.ndarray],
+                        context: FeatureContext) -> tuple[np.ndarray, np.ndarray]:
+    """((E, F_EDGE) float32 features, (E,) device) of placing every pod on each of its candidates,
+    concatenated pod-major, computed over all pairs at once (per-node terms once per node, fragmentation
+    memo updates once per pod shape). ``candidates[k]`` must be int64 node indexes in range."""
+    if len(candidates) != len(pods):
+        raise ValueError(f"pair_features_batch: {len(pods)} pods but {len(candidates)} candidate arrays")
+    sizes = np.array([len(c) for c in candidates], np.int64)
+    idx = np.concatenate(candidates).astype(np.int64, copy=False) if len(candidates) else np.zeros(0, np.int64)
+    e = idx.size
+    if e == 0:
+        return np.zeros((0, F_EDGE), np.float32), np.zeros(0, np.int64)
+    pod_of = np.repeat(np.arange(len(pods)), sizes)
+    delta, after, dev = context.frag_after_batch(pods, state, idx, pod_of)
+    # per pod (P,): the request
+    milli_p = np.array([p.gpu_milli if p.num_gpu > 0 else 0 for p in pods])
+    num_p = np.array([p.num_gpu for p in pods])
+    req_p = num_p * milli_p
+    milli, gpu_req = milli_p[pod_of], req_p[pod_of]
+    pcpu = np.array([p.cpu_milli for p in pods])[pod_of]
+    # per node: usage terms kept current by the context (exact integers)
+    t = context.pair_terms(state)
+    cpu_free = t["cpu_free"][idx]
+    cpu_after = cpu_free - pcpu
+    mem_after = t["mem_free"][idx] - np.array([p.memory_mib for p in pods])[pod_of]
+    gcap = t["gpu_cap"][idx]
+    gpu_after = t["gpu_idle"][idx] - gpu_req
+    dev_left = np.where(dev >= 0, t["gpu_left"][idx, np.maximum(dev, 0)] - milli, 0) / GPU_MILLI
+    whole_after = t["whole_free"][idx] - np.where(milli_p >= GPU_MILLI, num_p, 0)[pod_of]
+    has_gpu = gcap > 0
+    frag = delta / FRAG_SCALE
+    cols = [
+        cpu_after / t["cpu_cap"][idx],
+        mem_after / t["mem_cap"][idx],
+        gpu_after / GPU_SCALE,
+        np.divide(gpu_after, gcap, out=np.zeros(e), where=has_gpu),
+        np.clip(frag, -8.0, 8.0),
+        1.0 / (1.0 + np.exp(frag)),
+        after / GPU_SCALE,
+        dev_left,
+        np.where(t["gpu_count"][idx] > 0, whole_after, 0) / MAX_GPUS,
+        np.divide(pcpu, cpu_free, out=np.zeros(e), where=cpu_free > 0),
+        0.5 * cpu_after / CPU_SCALE + 0.5 * gpu_after / GPU_SCALE,
+        t["empty"][idx],  # bools: 0.0 / 1.0 exactly
+        has_gpu & (gpu_after <= 0) & (gpu_req > 0),
+        np.divide(gpu_req, gcap, out=np.zeros(e), where=has_gpu),
+        objective_gains(pods, state, candidates, context.objective, context.scheme),
+    ]
+    out = np.empty((e, F_EDGE), np.float32)  # float64 values rounded once, as .astype(np.float32) does
+    for j, col in enumerate(cols):
+        out[:, j] = col
+    return out, dev
+
+
+# ---------------------------------------------------------------------------------------------
+# The graph
+
+
+def build_graph(pods: Sequence[Pod], state: ClusterState, candidates: Sequence[np.ndarray],
+                context: FeatureContext) -> HeteroGraph:
+    """The graph of pending ``pods`` on ``state``; ``candidates[k]`` are pod k's feasible node indexes."""
+    if len(candidates) != len(pods):
+        raise ValueError(f"build_graph: {len(pods)} pods but {len(candidates)} candidate arrays")
+    node_x = context.node_x(state)
+    cands = [np.asarray(c, dtype=np.int64).reshape(-1) for c in candidates]
+    sizes = np.array([c.size for c in cands], np.int64)
+    cand_node = np.concatenate(cands) if cands else np.zeros(0, np.int64)
+    bad = (cand_node < 0) | (cand_node >= state.n_nodes)
+    if bad.any():
+        k = int(np.searchsorted(np.cumsum(sizes), int(np.argmax(bad)), side="right"))
+        raise ValueError(f"build_graph: candidate node index out of range for pod {pods[k].key}")
+    attr, dev = pair_features_batch(pods, state, cands, context)
+    return HeteroGraph(
+        node_x=node_x,
+        pod_x=pod_features(pods, context),
+        nn_edge_index=context.nn_edges(state),
+        pp_edge_index=pod_edges(pods),
+        cand_pod=np.repeat(np.arange(len(pods), dtype=np.int64), sizes),
+        cand_node=cand_node,
+        cand_attr=attr,
+        cand_device=dev,
+    )
+
+
+def device_for(pod: Pod, state: ClusterState, node_index: int, context: FeatureContext) -> tuple[int, ...] | None:
+    """GPU devices the learned policy binds ``pod`` to on ``node_index``: the least-fragmenting device for
+    a share (``cand_device``), the lowest-index free devices for whole GPUs, () without GPUs."""
+    if not pod.is_gpu_share:
+        return choose_gpus(pod, state.gpu_free()[node_index])
+    _, _, dev = context.frag_after(pod, state, np.array([node_index], np.int64))
+    return (int(dev[0]),) if dev[0] >= 0 else None

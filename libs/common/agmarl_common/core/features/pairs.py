@@ -1,0 +1,194 @@
+"""Candidate-pair inputs of the scheduling graph: the fragmentation a placement leaves and the pair rows.
+
+``placement_frag_many`` gives the FGD fragmentation amount after placing pod shapes on nodes (and, for a
+GPU share, the device leaving the least); ``placement_frag`` is the same for one shape, written plainly
+(the reference the batched form is tested against). ``FeatureContext`` (``agmarl_common.core.features``)
+memoises them per pod shape and node usage through ``shape_jobs`` and ``current_memos``.
+``objective_gains`` is the ``reward_gain`` column. ``features.pair_features_batch`` builds the ``cand_attr``
+rows (``EDGE_FEATURES``) from these. The row scales shared by node, pod and pair rows live here too. Pure
+numpy; every public name is re-exported by ``agmarl_common.core.features``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from agmarl_common.core.cluster.model import GPU_MILLI, MAX_GPUS, ClusterState, Pod
+from agmarl_common.core.policies.rewardaware import RewardAwareConfig, RewardAwarePolicy
+from agmarl_common.core.sim.fragmentation import TargetWorkload, node_frag_amount, pod_shape
+
+EDGE_FEATURES = ("cpu_left", "mem_left", "gpu_left", "gpu_left_frac", "frag_delta", "fgd_score", "frag_after",
+                 "dev_left", "whole_left", "cpu_tight", "bestfit_left", "opens_node", "fills_gpus", "gpu_share",
+                 "reward_gain")
+F_EDGE = len(EDGE_FEATURES)  # 15
+OBJECTIVES = ("composite", "allocation")  # what the scheduler optimises (``FeatureContext.objective``)
+
+
+def check_objective(objective: str) -> str:
+    """``objective`` when it is one of ``OBJECTIVES``, else ValueError naming them."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r}; known: {', '.join(OBJECTIVES)}")
+    return objective
+
+CPU_SCALE = 128_000.0  # milli-cpu of a large node
+MEM_SCALE = 1_048_576.0  # MiB of a large node
+GPU_SCALE = float(MAX_GPUS * GPU_MILLI)
+FRAG_SCALE = 1000.0  # fragmentation deltas are in GPU milli: one GPU = 1.0
+_EARLIER = np.tri(MAX_GPUS, k=-1, dtype=bool)  # [j, j']: device j' comes before device j
+
+
+def gpu_left(state: ClusterState, rows: np.ndarray) -> np.ndarray:
+    """(len(rows), MAX_GPUS) milli free per device of nodes ``rows`` (0 for slots that are not GPUs)."""
+    exists = np.arange(MAX_GPUS)[None, :] < state.gpu_count[rows][:, None]
+    return np.where(exists, GPU_MILLI - state.gpu_used[rows], 0)
+
+
+def placement_frag(shape: tuple, state: ClusterState, rows: np.ndarray, access: np.ndarray,
+                   target: TargetWorkload) -> tuple[np.ndarray, np.ndarray]:
+    """(fragmentation after placing a pod of ``shape`` on each node, device for a share or -1).
+
+    A share tries every device that fits and keeps the one leaving the least fragmentation (ties: the
+    lowest index); whole GPUs take the lowest-index free devices, as ``model.choose_gpus`` does."""
+    cpu, milli, num, _ = shape
+    cpu_left = state.cpu_cap[rows] - state.cpu_used[rows]
+    left = gpu_left(state, rows)
+    key = np.column_stack([cpu_left, left, access])
+    _, first, inv = np.unique(key, axis=0, return_index=True, return_inverse=True)
+    inv = np.asarray(inv).reshape(-1)
+    u_cpu, u_left, u_acc = cpu_left[first], left[first], access[first]
+    m = len(first)
+    if 0 < milli < GPU_MILLI:
+        opts = np.repeat(u_left[:, None, :], MAX_GPUS, axis=1)  # (m, G options, G devices)
+        opts[:, np.arange(MAX_GPUS), np.arange(MAX_GPUS)] -= milli
+        after = node_frag_amount(np.repeat(u_cpu - cpu, MAX_GPUS), opts.reshape(-1, MAX_GPUS),
+                                 np.repeat(u_acc, MAX_GPUS, axis=0), target).reshape(m, MAX_GPUS)
+        after = np.where(u_left >= milli, after, np.inf)
+        dev = after.argmin(axis=1)
+        best = after[np.arange(m), dev]
+        dev = np.where(np.isfinite(best), dev, -1)
+        best = np.where(np.isfinite(best), best, node_frag_amount(u_cpu - cpu, u_left, u_acc, target))
+    else:
+        after_left = u_left.copy()
+        if milli > 0:
+            free = after_left == GPU_MILLI
+            after_left[free & (np.cumsum(free, axis=1) <= num)] = 0
+        best = node_frag_amount(u_cpu - cpu, after_left, u_acc, target)
+        dev = np.full(m, -1, np.int64)
+    return best[inv], dev[inv].astype(np.int64)
+
+
+def placement_frag_many(jobs: Sequence[tuple[tuple, np.ndarray]], state: ClusterState, access: np.ndarray,
+                        access_class: np.ndarray, target: TargetWorkload) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``placement_frag`` of several pod shapes at once: ``jobs`` are (shape, node rows); ``access`` (n, K)
+    and ``access_class`` (n,) (equal ids = equal access rows) cover every node. One fragmentation pass
+    for all shares (every device option) and one for the rest; identical (shape, node state) rows once."""
+    if not jobs:
+        return []
+    sizes = [len(r) for _, r in jobs]
+    rows = np.concatenate([np.asarray(r, np.int64) for _, r in jobs])
+    sid = np.repeat(np.arange(len(jobs)), sizes)
+    shp = np.array([sh[:3] for sh, _ in jobs], np.int64).reshape(-1, 3)  # (jobs, cpu milli num)
+    cpu_left = state.cpu_cap[rows] - state.cpu_used[rows]
+    left = gpu_left(state, rows)
+    key = np.ascontiguousarray(np.column_stack([sid, cpu_left, left, access_class[rows]]).astype(np.int64))
+    void = key.view(np.dtype((np.void, key.itemsize * key.shape[1]))).reshape(-1)
+    _, first, inv = np.unique(void, return_index=True, return_inverse=True)
+    inv = np.asarray(inv).reshape(-1)
+    u_sid, u_left, u_acc = sid[first], left[first], access[rows[first]]
+    u_cpu = cpu_left[first] - shp[u_sid, 0]  # cpu left after the placement
+    milli, num = shp[u_sid, 1], shp[u_sid, 2]
+    m = len(first)
+    best, dev = np.zeros(m), np.full(m, -1, np.int64)
+    share = np.flatnonzero((milli > 0) & (milli < GPU_MILLI))
+    rest = np.flatnonzero(~((milli > 0) & (milli < GPU_MILLI)))
+    if share.size:
+        ul, mm = u_left[share], milli[share]
+        # options: a device that fits, the first of the devices with its free milli (the fragmentation is
+        # the same whichever of equal devices takes the share, and ties go to the lowest index)
+        earlier_equal = (ul[:, :, None] == ul[:, None, :]) & _EARLIER[None]
+        oi, oj = np.nonzero((ul >= mm[:, None]) & ~earlier_equal.any(axis=2))
+        opts = ul[oi].copy()
+        opts[np.arange(oi.size), oj] -= mm[oi]
+        after = np.full((share.size, MAX_GPUS), np.inf)
+        after[oi, oj] = node_frag_amount(u_cpu[share][oi], opts, u_acc[share][oi], target)
+        d = after.argmin(axis=1)
+        b = after[np.arange(share.size), d]
+        ok = np.isfinite(b)
+        dev[share] = np.where(ok, d, -1)
+        if not ok.all():  # no device fits: the node as it is
+            miss = share[~ok]
+            b[~ok] = node_frag_amount(u_cpu[miss], u_left[miss], u_acc[miss], target)
+        best[share] = b
+    if rest.size:
+        after_left = u_left[rest].copy()
+        free = after_left == GPU_MILLI
+        take = free & (np.cumsum(free, axis=1) <= num[rest][:, None]) & (milli[rest] > 0)[:, None]
+        after_left[take] = 0  # whole GPUs: the lowest-index free devices
+        best[rest] = node_frag_amount(u_cpu[rest], after_left, u_acc[rest], target)
+    best, dev = best[inv], dev[inv]
+    bounds = np.cumsum(sizes)[:-1]
+    return list(zip(np.split(best, bounds), np.split(dev, bounds)))
+
+
+def shape_jobs(pods: Sequence[Pod], idx: np.ndarray, pod_of: np.ndarray,
+               n: int) -> tuple[list[tuple[tuple, np.ndarray]], np.ndarray]:
+    """Pairs (pair e places ``pods[pod_of[e]]`` on node ``idx[e]``) grouped by pod shape: (jobs, one
+    (shape, ascending distinct node rows) per shape in first-seen order; (E,) each pair's cell
+    ``shape number * n + node`` of an (S, n) table, the concatenation of the shapes' (n,) memo arrays)."""
+    shapes: dict[tuple, int] = {}
+    sid = np.array([shapes.setdefault(pod_shape(p), len(shapes)) for p in pods], np.int64)
+    flat = sid[pod_of] * n + idx  # pair -> (shape, node) cell of an (S, n) table
+    used = np.zeros(len(shapes) * n, bool)
+    used[flat] = True
+    cells = np.flatnonzero(used)  # sorted: shape by shape, nodes ascending
+    cuts = np.searchsorted(cells, np.arange(1, len(shapes)) * n)
+    jobs = [(shape, rows - s * n) for (shape, s), rows in zip(shapes.items(), np.split(cells, cuts))]
+    return jobs, flat
+
+
+def current_memos(memo: dict, jobs: list[tuple[tuple, np.ndarray]], state: ClusterState, version: np.ndarray,
+                  frag: np.ndarray, access: np.ndarray, access_class: np.ndarray,
+                  target: TargetWorkload) -> list[tuple[np.ndarray, ...]]:
+    """The memo entry (row version, delta, after, device; (n,) arrays) of each job's pod shape, made current
+    on the job's nodes: a row is recomputed when its version differs from ``version`` (the caller bumps a
+    node's version when its usage changes; ``frag`` (n,) is each node's current fragmentation). All stale
+    rows go through one ``placement_frag_many``. ``memo`` (pod shape -> entry) is updated in place."""
+    n = state.n_nodes
+    memos, todo = [], []
+    for shape, idx in jobs:
+        if shape not in memo:
+            memo[shape] = (np.full(n, -1, np.int64), np.zeros(n), np.zeros(n), np.full(n, -1, np.int64))
+        entry = memo[shape]
+        rows = idx[entry[0][idx] != version[idx]]
+        memos.append(entry)
+        if rows.size:
+            todo.append((shape, rows, entry))
+    if todo:
+        results = placement_frag_many([(sh, rows) for sh, rows, _ in todo], state, access, access_class, target)
+        for (_, rows, entry), (a, d) in zip(todo, results):
+            ver, delta, after, dev = entry
+            after[rows], dev[rows] = a, d
+            delta[rows] = a - frag[rows]
+            ver[rows] = version[rows]
+    return memos
+
+
+def objective_gains(pods: Sequence[Pod], state: ClusterState, candidates: Sequence[np.ndarray], objective: str,
+                    scheme: str = "fixed") -> np.ndarray:
+    """(E,) the ``reward_gain`` column, pod-major: under the ``composite`` objective, each pod's
+    reward-aware score of its candidates (``policies.rewardaware``: the one-step change of the composite
+    reward of ``scheme``, plus kube-default's preference plugins) rescaled within the pod to [-1, 0]
+    (its best candidate 0, its worst -1; all 0 when they tie); 0 everywhere under ``allocation`` (the
+    GPU-packing objective of the inflation protocol, which the composite reward does not measure)."""
+    check_objective(objective)
+    sizes = [len(c) for c in candidates]
+    if objective != "composite":
+        return np.zeros(int(sum(sizes)))
+    expert = RewardAwarePolicy(RewardAwareConfig(scheme=scheme))
+    cols = []
+    for s in expert.score_batch(pods, state, candidates):
+        spread = float(s.max() - s.min()) if s.size else 0.0
+        cols.append((s - s.max()) / spread if spread > 1e-12 else np.zeros(s.size))
+    return np.concatenate(cols) if cols else np.zeros(0)

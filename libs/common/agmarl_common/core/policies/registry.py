@@ -1,0 +1,101 @@
+"""Policy registry: name -> factory(seed) -> Policy.
+
+Built-in kube-scheduler and load-aware baselines are registered here; other modules add theirs
+with ``register_policy`` at import time (e.g. FGD-paper policies), and list them in
+``EXTENSION_MODULES`` so that ``get_policy`` finds them without the caller importing them first.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+from agmarl_common.core.policies.base import Policy
+from agmarl_common.core.policies.kube import (
+    KubeDefaultPolicy,
+    KubeResourcesPolicy,
+    MostAllocatedPolicy,
+    RequestedToCapacityRatioPolicy,
+)
+from agmarl_common.core.policies.loadaware import (
+    KoordLoadAwarePolicy,
+    LoadVariationRiskBalancingPolicy,
+    TargetLoadPackingPolicy,
+)
+
+PolicyFactory = Callable[[int], Policy]
+
+# modules that call register_policy on import; imported lazily, skipped when absent
+EXTENSION_MODULES: list[str] = ["agmarl_common.core.policies.fgd", "agmarl_common.core.policies.fgdpack",
+                                 "agmarl_common.core.policies.headroom", "agmarl_common.core.policies.gpupack"]
+
+_REGISTRY: dict[str, PolicyFactory] = {}
+_loaded = False
+# name prefixes resolved by a function ``resolve(rest_of_name, seed) -> Policy`` ("module:function",
+# imported on first use): ``model:<default|path|version>`` is the learned policy served by ONNX Runtime
+MODEL_PREFIX = "model:"  # a learned model served by ONNX Runtime: ``model:<default|path|version>``
+# ``capped:<policy>`` is <policy> with the load cap as admission (policies.loadcap)
+PREFIX_RESOLVERS: dict[str, str] = {MODEL_PREFIX: "agmarl_common.serving.onnx_model:resolve_model_policy",
+                                    "capped:": "agmarl_common.core.policies.loadcap:resolve_capped"}
+
+
+def is_model(name: str) -> bool:
+    """True for a ``model:<ref>`` policy name."""
+    return name.startswith(MODEL_PREFIX)
+
+
+def register_policy(name: str, factory: PolicyFactory, *, replace: bool = False) -> None:
+    """Register ``factory(seed) -> Policy`` under ``name``; re-registering needs ``replace=True``."""
+    if name in _REGISTRY and not replace and _REGISTRY[name] is not factory:
+        raise ValueError(f"policy {name!r} is already registered")
+    _REGISTRY[name] = factory
+
+
+def _load_extensions() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for module in EXTENSION_MODULES:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as err:
+            if err.name != module:  # the module exists but one of its imports is missing: a real bug
+                raise
+
+
+def policy_names() -> list[str]:
+    _load_extensions()
+    return sorted(_REGISTRY)
+
+
+def get_policy(name: str, seed: int = 0) -> Policy:
+    """A fresh policy instance; unknown names raise KeyError listing the known ones."""
+    _load_extensions()
+    try:
+        factory = _REGISTRY[name]
+    except KeyError:
+        for prefix, target in PREFIX_RESOLVERS.items():
+            if name.startswith(prefix):
+                module, _, fn = target.partition(":")
+                return getattr(importlib.import_module(module), fn)(name[len(prefix):], seed)
+        raise KeyError(f"unknown policy {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
+    return factory(seed)
+
+
+for _cls in (KubeDefaultPolicy, KubeResourcesPolicy, MostAllocatedPolicy, RequestedToCapacityRatioPolicy,
+             TargetLoadPackingPolicy, LoadVariationRiskBalancingPolicy, KoordLoadAwarePolicy):
+    register_policy(_cls.name, lambda seed, _cls=_cls: _cls())
+
+
+def _register_reward_aware() -> None:
+    """``reward-aware`` (fixed-scheme weights) and one variant per other reward scheme."""
+    from agmarl_common.core.policies.rewardaware import RewardAwareConfig, RewardAwarePolicy  # noqa: PLC0415
+    from agmarl_common.core.reward import SCHEMES  # noqa: PLC0415
+
+    for scheme in SCHEMES:
+        policy = RewardAwarePolicy(RewardAwareConfig(scheme=scheme))
+        register_policy(policy.name, lambda seed, _s=scheme: RewardAwarePolicy(RewardAwareConfig(scheme=_s)))
+
+
+_register_reward_aware()

@@ -1,0 +1,286 @@
+"""The reward, defined once: components in [0, 1] computed from cluster state and outcome counts,
+and three weighting schemes that turn them into one number in [0, 1].
+
+Used by the reward-calculator service, the simulator-based evaluation and the trainer, so training
+and serving optimise the same thing. Pure functions over plain data.
+
+Components (all in [0, 1], higher is better):
+- ``utilisation``: mean requested/allocatable, rising to 1 at 80 % and falling to 0.5 at 100 %;
+- ``balance``: 1 - 2 * std of per-node utilisation (variance across nodes);
+- ``sla``: mean of ``pending`` (share of pods seen in the window not left waiting), ``wait``
+  (1 / (1 + mean pending time / 30 s)), ``failed`` (share not failed: failed starts, timeouts,
+  evictions, refused binds) and ``ls_ok`` (share of latency-sensitive pods, qos LS, not on a node
+  whose cpu pressure exceeds 80 %);
+- ``constraints``: 1 - hard-constraint violations per bound pod (0 when there are as many as pods);
+- ``business``: mean of ``io_locality`` (share of IO-heavy pods, label ``agmarl.io/io-heavy=true``,
+  on local-SSD nodes, label ``agmarl.io/local-ssd=true``) and ``net_locality`` (network-heavy pods,
+  label ``agmarl.io/network-heavy=true``: mean share of their peers, same namespace and service,
+  in their zone); a term with no pod to judge is 1.
+
+Schemes (``SCHEMES``): ``fixed`` weights; ``load_conditional`` (balance weighted up below the load
+threshold, utilisation above it); ``lexicographic`` (stress-aware ordered tiers: constraints, then
+SLA, then utilisation/balance/business; SLA joins the last tier when the cluster is not stressed).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field, fields
+from typing import Mapping
+
+import numpy as np
+
+from agmarl_common.core.cluster.model import ClusterState
+from agmarl_common.core.cluster.metrics import sla_violators
+
+UTILISATION_KNEE = 0.8  # above this, utilisation is penalised (overload risk)
+HOT_NODE_THRESHOLD = 0.8  # cpu pressure above which a node is overloaded for LS pods
+PENDING_TIME_REF_S = 30.0  # mean pending time that halves the wait score
+LOCAL_SSD_LABEL = "agmarl.io/local-ssd"
+IO_HEAVY_LABEL = "agmarl.io/io-heavy"
+NETWORK_HEAVY_LABEL = "agmarl.io/network-heavy"
+SCHEMES = ("fixed", "load_conditional", "lexicographic")
+COMPONENTS = ("utilisation", "balance", "sla", "constraints", "business")
+
+
+@dataclass(frozen=True, slots=True)
+class RewardWeights:
+    """Weights of the components; ``pending`` and ``failed`` are part of ``sla`` (0 by default)."""
+
+    utilisation: float = 0.25
+    balance: float = 0.20
+    pending: float = 0.0
+    failed: float = 0.0
+    constraints: float = 0.20
+    sla: float = 0.25
+    business: float = 0.10
+
+    def as_dict(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True, slots=True)
+class Outcomes:
+    """Counts over the window the reward covers."""
+
+    pending: int = 0  # pods still waiting at the end of the window
+    scheduled: int = 0  # pods bound in the window
+    failed: int = 0  # failed starts, unschedulable timeouts, evictions
+    violations: int = 0  # hard-constraint violations found in the state
+    pending_time_s: float = 0.0  # mean time the waiting pods have waited
+
+
+def node_utilisation(state: ClusterState) -> np.ndarray:
+    """(n, 3) requested / capacity for cpu, memory, gpu on each schedulable node (gpu 0 where none)."""
+    if state.n_nodes == 0:
+        return np.zeros((0, 3))
+    cpu = state.cpu_used / np.maximum(state.cpu_cap, 1)
+    mem = state.mem_used / np.maximum(state.mem_cap, 1)
+    gpu_cap = state.gpu_count * 1000
+    gpu = state.gpu_used.sum(axis=1) / np.maximum(gpu_cap, 1)
+    util = np.stack([cpu, mem, gpu], axis=1)
+    return util[state.schedulable]
+
+
+def utilisation_by_resource(state: ClusterState) -> dict[str, float]:
+    """Cluster-wide requested / allocatable per resource (schedulable nodes only)."""
+    m = state.schedulable
+    out = {}
+    for name, used, cap in (("cpu", state.cpu_used, state.cpu_cap), ("memory", state.mem_used, state.mem_cap),
+                            ("gpu", state.gpu_used.sum(axis=1), state.gpu_count * 1000)):
+        total = float(cap[m].sum())
+        out[name] = float(used[m].sum()) / total if total > 0 else 0.0
+    return out
+
+
+def cluster_load(state: ClusterState) -> float:
+    """Mean of cpu and memory utilisation (and gpu when the cluster has GPUs): the scheme's load."""
+    util = utilisation_by_resource(state)
+    used = [util["cpu"], util["memory"]] + ([util["gpu"]] if state.gpu_count.sum() > 0 else [])
+    return float(np.mean(used))
+
+
+def score_utilisation(util: float) -> float:
+    """Rises linearly to 1 at the knee, then falls linearly to 0.5 at 100 % (overload penalty)."""
+    util = min(max(util, 0.0), 1.0)
+    if util <= UTILISATION_KNEE:
+        return util / UTILISATION_KNEE
+    return 1.0 - 0.5 * (util - UTILISATION_KNEE) / (1.0 - UTILISATION_KNEE)
+
+
+def balance_std(state: ClusterState) -> float:
+    """Std of per-node mean(cpu, memory) utilisation across schedulable nodes."""
+    u = node_utilisation(state)
+    if len(u) == 0:
+        return 0.0
+    return float(np.std(u[:, :2].mean(axis=1)))
+
+
+def score_balance(std: float) -> float:
+    """1 for perfectly even nodes, 0 at std >= 0.5 (the maximum for values in [0, 1])."""
+    return float(max(0.0, 1.0 - 2.0 * std))
+
+
+def score_wait(mean_pending_s: float) -> float:
+    """1 / (1 + t / 30 s): 1 with no wait, 0.5 at 30 s, -> 0 as waits grow."""
+    return 1.0 / (1.0 + max(mean_pending_s, 0.0) / PENDING_TIME_REF_S)
+
+
+def score_ls_placement(state: ClusterState, threshold: float = HOT_NODE_THRESHOLD) -> float:
+    """Share of running LS pods not on an overloaded node (1 when none runs)."""
+    bad, total = sla_violators(state, threshold)
+    return 1.0 - len(bad) / total if total else 1.0
+
+
+def score_constraints(violations: int, n_bound: int) -> float:
+    """1 - violations per bound pod, clipped to [0, 1] (0 violations -> 1)."""
+    if violations <= 0:
+        return 1.0
+    return max(0.0, 1.0 - violations / max(n_bound, 1))
+
+
+def business_terms(state: ClusterState) -> dict[str, float]:
+    """``io_locality`` and ``net_locality`` (see the module docstring); 1 when no pod is concerned."""
+    io_total = io_ok = 0
+    zones: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    net: list[tuple[tuple[str, str], str]] = []
+    for node, pods in zip(state.nodes, state.bound):
+        ssd = node.labels.get(LOCAL_SSD_LABEL) == "true"
+        zone = node.zone
+        for p in pods:
+            if p.labels.get(IO_HEAVY_LABEL) == "true":
+                io_total += 1
+                io_ok += ssd
+            if p.service:
+                key = (p.namespace, p.service)
+                zones[key][zone] += 1
+                if p.labels.get(NETWORK_HEAVY_LABEL) == "true":
+                    net.append((key, zone))
+    shares = []
+    for key, zone in net:
+        peers = sum(zones[key].values()) - 1
+        if peers > 0:
+            shares.append((zones[key][zone] - 1) / peers)
+    return {"io_locality": io_ok / io_total if io_total else 1.0,
+            "net_locality": float(np.mean(shares)) if shares else 1.0}
+
+
+def reward_components(state: ClusterState, outcomes: Outcomes) -> dict[str, float]:
+    """Every component in [0, 1], higher is better (the five of ``COMPONENTS`` and their sub-terms)."""
+    seen = outcomes.pending + outcomes.scheduled + outcomes.failed
+    pending = 1.0 - outcomes.pending / seen if seen else 1.0
+    failed = 1.0 - outcomes.failed / seen if seen else 1.0
+    wait = score_wait(outcomes.pending_time_s)
+    ls_ok = score_ls_placement(state)
+    business = business_terms(state)
+    return {
+        "utilisation": score_utilisation(cluster_load(state)),
+        "balance": score_balance(balance_std(state)),
+        "pending": pending, "failed": failed, "wait": wait, "ls_ok": ls_ok,
+        "sla": (pending + failed + wait + ls_ok) / 4.0,
+        "constraints": score_constraints(outcomes.violations, int(state.pods_used.sum())),
+        **business,
+        "business": (business["io_locality"] + business["net_locality"]) / 2.0,
+    }
+
+
+def total_reward(components: Mapping[str, float], weights: RewardWeights = RewardWeights()) -> float:
+    """Weighted mean of the components (a missing component counts 0), in [0, 1]."""
+    w = weights.as_dict()
+    norm = sum(w.values())
+    return float(sum(v * components.get(k, 0.0) for k, v in w.items()) / norm) if norm > 0 else 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Weighting schemes
+
+
+@dataclass(frozen=True)
+class RewardScheme:
+    """How components become one number; ``name`` is one of ``SCHEMES``.
+
+    - fixed: ``total_reward(components, weights)``;
+    - load_conditional: ``low_load_weights`` (balance up) when load < ``load_threshold``, else
+      ``high_load_weights`` (utilisation up);
+    - lexicographic: tiers scored with ``weights`` inside each tier, then combined with base
+      ``base``: every tier but the last is quantised to ``base`` levels, so one level of a higher
+      tier outweighs everything below it. Stressed (load >= ``stress_load`` or sla <
+      ``stress_sla``): constraints > sla > rest; otherwise constraints > (sla and rest).
+    """
+
+    name: str = "fixed"
+    weights: RewardWeights = RewardWeights()
+    low_load_weights: RewardWeights = RewardWeights(utilisation=0.10, balance=0.35)
+    high_load_weights: RewardWeights = RewardWeights(utilisation=0.35, balance=0.10)
+    load_threshold: float = 0.6
+    stress_load: float = 0.75
+    stress_sla: float = 0.9
+    base: int = 100
+    tiers_stressed: tuple[tuple[str, ...], ...] = field(default=(
+        ("constraints",), ("sla",), ("utilisation", "balance", "business")))
+    tiers_calm: tuple[tuple[str, ...], ...] = field(default=(
+        ("constraints",), ("sla", "utilisation", "balance", "business")))
+
+    def __post_init__(self) -> None:
+        if self.name not in SCHEMES:
+            raise ValueError(f"unknown reward scheme {self.name!r}; known: {', '.join(SCHEMES)}")
+        if self.base < 2:
+            raise ValueError("base must be >= 2")
+
+
+def scheme_weights(scheme: RewardScheme, load: float) -> RewardWeights:
+    """The weights a weighted scheme uses at cluster load ``load``."""
+    if scheme.name == "load_conditional":
+        return scheme.low_load_weights if load < scheme.load_threshold else scheme.high_load_weights
+    return scheme.weights
+
+
+def is_stressed(scheme: RewardScheme, components: Mapping[str, float], load: float) -> bool:
+    return load >= scheme.stress_load or components.get("sla", 1.0) < scheme.stress_sla
+
+
+def tier_score(components: Mapping[str, float], names: tuple[str, ...], weights: RewardWeights) -> float:
+    """Weighted mean of ``names`` inside one tier (equal weights when all are 0)."""
+    w = weights.as_dict()
+    ws = [w.get(n, 0.0) for n in names]
+    if sum(ws) <= 0:
+        ws = [1.0] * len(names)
+    return float(sum(wi * components.get(n, 0.0) for wi, n in zip(ws, names)) / sum(ws))
+
+
+def lexicographic_total(tier_scores: list[float], base: int = 100) -> float:
+    """Ordered tier scores in [0, 1] -> [0, 1]; higher tiers dominate (quantised to ``base`` levels)."""
+    k = len(tier_scores)
+    if k == 0:
+        return 0.0
+    total = 0.0
+    for i, s in enumerate(tier_scores):
+        s = min(max(float(s), 0.0), 1.0)
+        digit = s * (base - 1) if i == k - 1 else float(np.floor(s * (base - 1) + 1e-9))
+        total += digit * float(base) ** (k - 1 - i)
+    return total / (float(base) ** k - 1.0)
+
+
+def scheme_total(components: Mapping[str, float], scheme: RewardScheme, load: float) -> float:
+    """The total reward of ``components`` under ``scheme`` at cluster load ``load``."""
+    if scheme.name == "lexicographic":
+        tiers = scheme.tiers_stressed if is_stressed(scheme, components, load) else scheme.tiers_calm
+        return lexicographic_total([tier_score(components, t, scheme.weights) for t in tiers], scheme.base)
+    return total_reward(components, scheme_weights(scheme, load))
+
+
+def scheme_reward(state: ClusterState, outcomes: Outcomes, scheme: RewardScheme) -> tuple[dict[str, float], float]:
+    """(components, total) of a state and window outcomes under ``scheme``."""
+    components = reward_components(state, outcomes)
+    return components, scheme_total(components, scheme, cluster_load(state))
+
+
+def outcomes_from_stats(before: Mapping[str, float], after: Mapping[str, float],
+                        pending_time_s: float = 0.0) -> Outcomes:
+    """Window outcomes from two cumulative counter snapshots (simulator ``snapshot_stats`` names)."""
+    def delta(key: str) -> int:
+        return max(0, int(after.get(key, 0)) - int(before.get(key, 0)))
+
+    return Outcomes(pending=int(after.get("pending", 0)), scheduled=delta("bound"),
+                    failed=delta("failed") + delta("unschedulable") + delta("bind_rejected"),
+                    violations=int(after.get("violations", 0)), pending_time_s=pending_time_s)

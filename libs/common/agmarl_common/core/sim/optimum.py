@@ -1,0 +1,188 @@
+"""The offline optimum of a batch-arrival run (``sim.batches``): the most GPU milli any placement of its
+pods can allocate, solved exactly as a mixed-integer programme with HiGHS (``highspy``, pinned in
+requirements-dev.txt; a dev/benchmark dependency, imported only by this module).
+
+Why one programme for the whole run: nothing departs and resources only fill up, so any feasible final
+assignment of a subset of the arrived pods can be reached online by a placer that knows the future
+(each group binds its part of that assignment as it arrives; with no cross-pod constraints among openb
+pods the hard filter of a pod on a node depends only on the node's capacity). The best final allocation
+of the run is therefore the best packing of all its pods into the empty sub-cluster: a ceiling for
+every placer, sequential or joint.
+
+The model (exact for openb's shapes; pods with pod (anti-)affinity, spread or host ports are refused):
+- pods with the same (cpu, memory, GPU count, milli per GPU, allowed nodes) are one shape s with count c_s;
+  "allowed nodes" is the hard filter of one such pod on the empty sub-cluster (taints, node selector,
+  GPU model, capacity);
+- whole-GPU shapes (1000 milli per GPU): z[s,n] in 0..c_s pods of s on node n;
+  shared-GPU shapes (one GPU, < 1000 milli): y[s,n,d] in 0..c_s pods of s on device d of node n;
+  w[n,d] in {0,1}: device d of n is taken whole, w[n,d] >= w[n,d+1] (devices are interchangeable);
+- per device: sum_s milli_s y[s,n,d] + 1000 w[n,d] <= 1000; per node: sum_d w[n,d] = sum_s gpus_s z[s,n],
+  cpu, memory and pod-count capacity; per shape: its pods placed at most c_s times;
+- maximise sum_s 1000 gpus_s z + milli_s y (GPU milli placed). CPU-only pods add nothing to the objective
+  and only use capacity, so the optimum leaves them out (they are not in the model): the ceiling is on GPU
+  milli, not on pods placed.
+
+HiGHS runs single-threaded with a time limit: ``Packing.optimal`` says whether it proved optimality;
+otherwise ``value_milli`` is the best placement found and ``bound_milli`` a proven upper bound.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Sequence
+
+import highspy
+import numpy as np
+
+from agmarl_common.core.cluster.filters import feasible_mask
+from agmarl_common.core.cluster.model import GPU_MILLI, ClusterState, Node, Pod
+
+DEFAULT_TIME_LIMIT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Packing:
+    value_milli: float  # GPU milli of the best placement found
+    bound_milli: float  # proven upper bound on the optimum (== value_milli when optimal)
+    optimal: bool
+    status: str
+    pods_placed: int  # GPU pods in the best placement found
+
+
+def _shape(pod: Pod) -> tuple[int, int, int, int]:
+    return pod.cpu_milli, pod.memory_mib, pod.num_gpu, pod.gpu_milli
+
+
+def _check(pod: Pod) -> None:
+    if pod.pod_affinity or pod.pod_anti_affinity or pod.topology_spread or pod.ephemeral_mib:
+        raise ValueError(f"max_gpu_packing: {pod.key} has terms the model leaves out (affinity, spread, "
+                         "ephemeral storage)")
+
+
+def _incumbent(state: ClusterState, shapes: list[tuple], z: dict, y: dict, w: dict, n_cols: int) -> np.ndarray:
+    """Column values of the placement in ``state`` (its GPU pods; a pod whose shape or node the model lacks
+    is left out, which keeps the values feasible). Devices are renumbered per node, whole-taken ones first,
+    to meet the model's device order (devices of a node are interchangeable)."""
+    x = np.zeros(n_cols)
+    code = {key[:4] + (i,): s for s, key in enumerate(shapes)
+            for i in np.flatnonzero(np.frombuffer(key[4], dtype=bool)).tolist()}
+    for i, pods in enumerate(state.bound):
+        placed = [(code.get(_shape(p) + (i,)), p) for p in pods if p.num_gpu > 0]
+        placed = [(s, p) for s, p in placed if s is not None]
+        whole = sorted({d for _, p in placed if p.gpu_milli >= GPU_MILLI for d in p.gpu_devices})
+        rest = sorted(set(range(state.nodes[i].gpu_count)) - set(whole))
+        new = {d: k for k, d in enumerate(whole + rest)}
+        for k in range(len(whole)):
+            x[w[i, k]] = 1.0
+        for s, p in placed:
+            if p.gpu_milli >= GPU_MILLI:
+                x[z[s, i]] += 1
+            else:
+                x[y[s, i, new[p.gpu_devices[0]]]] += 1
+    return x
+
+
+def max_gpu_packing(nodes: Sequence[Node], pods: Sequence[Pod], time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+                    start: ClusterState | None = None) -> Packing:
+    """The most GPU milli a placement of ``pods`` on empty ``nodes`` allocates (module docstring).
+
+    ``start``: a final cluster a heuristic reached with these pods (its GPU pods bound on ``nodes``), given
+    to the solver as its first incumbent, so the answer is never below it."""
+    empty = ClusterState.empty(tuple(nodes))
+    counts: Counter = Counter()
+    allowed: dict[tuple, np.ndarray] = {}
+    for p in pods:
+        if p.num_gpu == 0 or p.gpu_milli <= 0:
+            continue
+        _check(p)
+        ok = feasible_mask(p, empty)
+        key = _shape(p) + (ok.tobytes(),)
+        counts[key] += 1
+        allowed[key] = ok
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("threads", 1)
+    h.setOptionValue("time_limit", float(time_limit_s))
+    inf = highspy.kHighsInf
+    cols: list[tuple[float, float, float, bool]] = []  # (cost, lo, hi, integer)
+
+    def col(cost: float, hi: float) -> int:
+        cols.append((cost, 0.0, hi, True))
+        return len(cols) - 1
+
+    rows: list[tuple[float, float, list[int], list[float]]] = []
+    n = len(nodes)
+    z: dict[tuple[int, int], int] = {}  # (shape, node) -> col
+    y: dict[tuple[int, int, int], int] = {}  # (shape, node, device) -> col
+    shapes = list(counts)
+    for s, key in enumerate(shapes):
+        cpu, mem, num, milli, _ = key
+        for i in np.flatnonzero(allowed[key]):
+            i = int(i)
+            if milli >= GPU_MILLI:
+                z[s, i] = col(float(num * GPU_MILLI), counts[key])
+            else:
+                for d in range(nodes[i].gpu_count):
+                    y[s, i, d] = col(float(milli), counts[key])
+    w = {(i, d): col(0.0, 1.0) for i in range(n) for d in range(nodes[i].gpu_count)}
+    for s, key in enumerate(shapes):  # each shape's pods placed at most c_s times
+        idx = [c for (t, _), c in z.items() if t == s] + [c for (t, _, _), c in y.items() if t == s]
+        if idx:
+            rows.append((-inf, float(counts[key]), idx, [1.0] * len(idx)))
+    by_node: dict[int, list[tuple[int, tuple]]] = {i: [] for i in range(n)}
+    for (s, i), c in z.items():
+        by_node[i].append((c, shapes[s]))
+    for (s, i, d), c in y.items():
+        by_node[i].append((c, shapes[s]))
+    for i, nd in enumerate(nodes):
+        entries = by_node[i]
+        for cap, pick in ((nd.cpu_milli, 0), (nd.memory_mib, 1)):
+            rows.append((-inf, float(cap), [c for c, _ in entries], [float(k[pick]) for _, k in entries]))
+        rows.append((-inf, float(nd.max_pods), [c for c, _ in entries], [1.0] * len(entries)))
+        whole = [(c, shapes[s][2]) for (s, j), c in z.items() if j == i]  # sum_d w = sum_s gpus_s z
+        g = nd.gpu_count
+        rows.append((0.0, 0.0, [w[i, d] for d in range(g)] + [c for c, _ in whole],
+                     [1.0] * g + [-float(k) for _, k in whole]))
+        for d in range(g):
+            shares = [(c, shapes[s][3]) for (s, j, dd), c in y.items() if j == i and dd == d]
+            rows.append((-inf, float(GPU_MILLI), [w[i, d]] + [c for c, _ in shares],
+                         [float(GPU_MILLI)] + [float(m) for _, m in shares]))
+            if d + 1 < g:
+                rows.append((0.0, inf, [w[i, d], w[i, d + 1]], [1.0, -1.0]))
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = len(cols), len(rows)
+    lp.col_cost_ = np.array([c[0] for c in cols])
+    lp.col_lower_ = np.array([c[1] for c in cols])
+    lp.col_upper_ = np.array([c[2] for c in cols])
+    lp.row_lower_ = np.array([r[0] for r in rows])
+    lp.row_upper_ = np.array([r[1] for r in rows])
+    lp.sense_ = highspy.ObjSense.kMaximize
+    lp.integrality_ = [highspy.HighsVarType.kInteger] * len(cols)
+    starts, index, value = [0], [], []
+    for _, _, ix, vals in rows:  # row-wise matrix
+        index += ix
+        value += vals
+        starts.append(len(index))
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+    lp.a_matrix_.start_ = np.array(starts, dtype=np.int32)
+    lp.a_matrix_.index_ = np.array(index, dtype=np.int32)
+    lp.a_matrix_.value_ = np.array(value, dtype=np.float64)
+    if not cols:
+        return Packing(0.0, 0.0, True, "empty", 0)
+    h.passModel(lp)
+    if start is not None:
+        sol = highspy.HighsSolution()
+        sol.col_value = _incumbent(start, shapes, z, y, w, len(cols)).tolist()
+        sol.value_valid = True
+        h.setSolution(sol)
+    h.run()
+    status = h.modelStatusToString(h.getModelStatus())
+    info = h.getInfo()
+    x = np.asarray(h.getSolution().col_value) if info.primal_solution_status else np.zeros(len(cols))
+    value = float(info.objective_function_value) if info.primal_solution_status else 0.0
+    bound = float(info.mip_dual_bound)
+    placed = int(round(sum(x[c] for c in list(z.values()) + list(y.values()))))
+    optimal = h.getModelStatus() == highspy.HighsModelStatus.kOptimal
+    return Packing(value_milli=round(value, 3), bound_milli=round(value if optimal else bound, 3),
+                   optimal=optimal, status=status, pods_placed=placed)
