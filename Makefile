@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install unit integration proto clean
+.PHONY: run test install unit integration proto clean kube-e2e
 
 $(STAMP): requirements.txt requirements-train.txt requirements-dev.txt constraints.txt pyproject.toml libs/testing/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,12 @@ integration: $(STAMP)
 
 proto: $(STAMP)
 	$(PY) tools/gen_proto.py
+
+# A real kube-apiserver + kube-scheduler v1.36 (docs/kube-real.md): builds them into .state/kube/bin (needs the
+# Go module proxy and an etcd: apt-get install -y etcd-server), then the end-to-end test. Not part of `test`.
+kube-e2e: $(STAMP)
+	PYTHON=$(PY) tools/kube/build.sh
+	AGMARL_KUBE_E2E=1 $(PY) -m pytest -q tests/e2e/test_real_kube.py
 
 clean:
 	rm -rf .state .pytest_cache
