@@ -10,8 +10,9 @@ dodges a cycle is still a cycle). The layers, low to high, and their groups:
                  .natsserver, .natsauth, .permissions, .health
     2  kube      agmarl_common.kube (conversion, the client loader)  |  serving  agmarl_common.serving
                  (.onnx_model, .modelstore, .signing)
-    3  services  agmarl_<service>, one group each   |  rigs  agmarl_testing (libs/testing: test rigs, never shipped)
+    3  services  agmarl_<service>, one group each
     4  cli       agmarl_cli
+    5  rigs      agmarl_testing (libs/testing: test rigs, never shipped; may wire a service, nothing imports them)
 
 A module imports its own group and lower layers only: never a higher layer, never a sibling group of its
 layer (no service imports another service; kube and serving stay apart; nothing shipped imports a test
@@ -42,8 +43,8 @@ LAYERS = {
     "agmarl_common.runtime": (1, "runtime"),
     "agmarl_common.kube": (2, "kube"),
     "agmarl_common.serving": (2, "serving"),
-    "agmarl_testing": (3, "rigs"),
     "agmarl_cli": (4, "cli"),
+    "agmarl_testing": (5, "rigs"),  # above everything: a rig may wire a service, nothing shipped imports a rig
 }
 SERVICE_LAYER = 3
 

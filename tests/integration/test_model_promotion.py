@@ -26,7 +26,7 @@ from agmarl_common.runtime import subjects
 from agmarl_common.core.adaptive import history as hist
 from agmarl_common.runtime.bus import Bus
 from agmarl_common.core.cluster.model import ClusterState, Node, Pod, to_dict
-from agmarl_inference.testing import graph_full
+from agmarl_testing.extender import graph_full
 from agmarl_testing.fixtures import wait_healthy
 from agmarl_trainer.app import TrainerApp
 

@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from agmarl_common.runtime import messages as m
 from agmarl_common.runtime import subjects
-from agmarl_inference.testing import LOADED, N_NODES, names, observe_binding, pod_json, prioritize, running, until
+from agmarl_testing.extender import LOADED, N_NODES, names, observe_binding, pod_json, prioritize, running, until
 
 
 class RecordingBinder:

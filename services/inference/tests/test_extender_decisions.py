@@ -17,7 +17,7 @@ from agmarl_common.runtime import subjects
 from agmarl_common.runtime.bus import MSG_ID_HEADER
 from agmarl_inference.extender_scoring import Scored, blend_weights, explain, returned_kind, to_extender_scores
 from agmarl_inference.http import load_binder
-from agmarl_inference.testing import SAMPLES, observe_binding, pod_json, prioritize, running, top
+from agmarl_testing.extender import SAMPLES, observe_binding, pod_json, prioritize, running, top
 
 
 # --- decision log and trace ------------------------------------------------------------------------

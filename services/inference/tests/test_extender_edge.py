@@ -1,5 +1,5 @@
 """The extender's edge: ``parse_args`` (table-driven: 400 not JSON as Go writes it, 413 too many nodes,
-422 not the schema), then over real HTTP (``agmarl_inference.testing``) where large bodies are parsed
+422 not the schema), then over real HTTP (``agmarl_testing.extender``) where large bodies are parsed
 (a thread) and what a parse that outlasts the time budget answers.
 """
 
@@ -19,7 +19,7 @@ from agmarl_inference.extender_wire import (
     ExtenderPreemptionArgs,
     parse_args,
 )
-from agmarl_inference.testing import SAMPLES, pod_json, running
+from agmarl_testing.extender import SAMPLES, pod_json, running
 
 POD = json.dumps(pod_json())
 

@@ -14,7 +14,7 @@ from agmarl_common.runtime.metrics import sample
 from agmarl_common.runtime.natsserver import NatsServer
 from agmarl_common.core.policies.base import PolicyBase
 from agmarl_common.core.policies.registry import get_policy
-from agmarl_inference.testing import LOADED, Running, pod_json, prioritize, running, until
+from agmarl_testing.extender import LOADED, Running, pod_json, prioritize, running, until
 
 
 # --- bad bodies --------------------------------------------------------------------------------------

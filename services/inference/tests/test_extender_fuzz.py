@@ -38,7 +38,7 @@ from agmarl_inference.extender import ExtenderMetrics, ExtenderService
 from agmarl_inference.extender_log import decision_subject
 from agmarl_inference.http import build_app
 from agmarl_inference.settings import InferenceSettings
-from agmarl_inference.testing import LOADED, SAMPLES, names, pod_json, prioritize, running, sample_nodes
+from agmarl_testing.extender import LOADED, SAMPLES, names, pod_json, prioritize, running, sample_nodes
 
 ALLOWED = {200, 400, 413, 422}
 MAX_NODES = 40  # the fuzzed service's node limit: lists up to 50 cross it

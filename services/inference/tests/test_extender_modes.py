@@ -16,7 +16,7 @@ from agmarl_common.runtime import subjects
 from agmarl_common.runtime.metrics import sample
 from agmarl_inference.extender_wire import NEUTRAL_SCORE
 from agmarl_inference.http import parse_mode
-from agmarl_inference.testing import LOADED, observe_binding, pod_json, prioritize, running, top, until
+from agmarl_testing.extender import LOADED, observe_binding, pod_json, prioritize, running, top, until
 
 
 # --- rollout modes ---------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The kube-scheduler extender over real HTTP (``agmarl_inference.testing``: real nats-server,
+"""The kube-scheduler extender over real HTTP (``agmarl_testing.extender``: real nats-server,
 ServiceRuntime, InferenceApp, uvicorn on a free loopback port). Every request kube-scheduler sent in
 /work/shared/k8s/extender-samples/ is replayed byte for byte and the answer must have the recorded
 response's shape; then paths and health, filter reasons, the cache modes, no time left, shutdown.
@@ -17,7 +17,7 @@ from agmarl_common.runtime import subjects
 from agmarl_common.core.cluster.model import HOSTNAME_LABEL
 from agmarl_common.runtime.metrics import sample
 from agmarl_inference.extender_wire import NEUTRAL_SCORE
-from agmarl_inference.testing import LOADED, SAMPLES, pod_json, prioritize, running
+from agmarl_testing.extender import LOADED, SAMPLES, pod_json, prioritize, running
 
 
 # --- every recorded sample -------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from agmarl_common.serving import signing
 from agmarl_common.runtime import subjects
 from agmarl_common.runtime.bus import Bus
 from agmarl_common.core.cluster.model import ClusterState, to_dict
-from agmarl_inference.testing import graph_full
+from agmarl_testing.extender import graph_full
 from agmarl_common.core.sim import traces
 from agmarl_testing.fixtures import wait_healthy
 
