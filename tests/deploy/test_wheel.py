@@ -118,6 +118,11 @@ def test_wheel_holds_every_package_and_the_model_folders(install: Install):
         for f in sorted(p for p in folder.iterdir() if p.is_file()):
             assert (models / folder.name / f.name).read_bytes() == f.read_bytes(), f"{f} not shipped as is"
     assert "usage" in run([install.python.parent / "agmarl", "--help"], install.workdir).lower()
+    # the test rigs (libs/testing) stay out of the product: no rig package, no module that imports pytest
+    assert not (install.site / "agmarl_testing").exists()
+    shipped_code = sorted(install.site.glob("agmarl_*/**/*.py"))
+    assert shipped_code and not [f for f in shipped_code if re.search(r"^\s*(import|from) pytest\b",
+                                                                       f.read_text(encoding="utf-8"), re.M)]
 
 
 async def health(bus: Bus, service: str) -> HealthStatus | None:
