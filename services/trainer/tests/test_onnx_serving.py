@@ -172,6 +172,15 @@ def test_the_same_nodes_in_a_new_tuple_reuse_the_caches(smoke_model, openb):
     copy = replace(state, nodes=tuple(list(state.nodes)))  # what a state rebuilt from the wire looks like
     np.testing.assert_allclose(policy.score(pod, copy, c), first, atol=1e-6)
     assert policy._cache.full_passes == 1
+    # the equal tuple is remembered by identity: asked again, it is not walked node by node a second time
+    walks = []
+    key = OnnxModelPolicy._key
+    policy._key = lambda s: walks.append(1) or key(s)
+    np.testing.assert_allclose(policy.score(pod, copy, c), first, atol=1e-6)
+    assert walks == []
+    other = replace(state, nodes=tuple(replace(n, name=n.name + "-x") for n in state.nodes))  # another cluster
+    policy.score(pod, other, c)
+    assert walks == [1] and policy._nodes is other.nodes  # compared once, then the caches start afresh
 
 
 def test_explain_names_attention_and_feature_contributions(smoke_model, openb):

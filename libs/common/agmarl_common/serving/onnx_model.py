@@ -38,6 +38,7 @@ from agmarl_common.core.sim.fragmentation import pod_shape
 EXPLAIN_TOP = 8  # candidates kept for feature contributions
 TARGET_GROWTH = (16, 64, 256, 1024)  # seen-pod counts at which an implicit target workload is rebuilt
 RECENT_PODS = 4096
+ALIASES = 8  # equal node tuples remembered by identity (views rebuild the tuple; the nodes stay the same)
 
 
 def make_session(model: bytes | str | Path) -> ort.InferenceSession:
@@ -176,6 +177,7 @@ class OnnxModelPolicy(PolicyBase):
         self._nodes: tuple = ()
         self._node_key: tuple = ()
         self._ref: ClusterState | None = None
+        self._aliases: dict[int, tuple] = {}  # id -> a nodes tuple found equal to ``_nodes`` (kept alive here)
         self._cache = EncoderCache(self.encoder, artifact.layers, max_share)
         self._devices: tuple = (None, None, {})  # (context, state, pod shape -> (n,) device) of the last batch
         specs = {"node": NODE_FEATURES, "pod": POD_FEATURES, "edge": EDGE_FEATURES}
@@ -207,6 +209,7 @@ class OnnxModelPolicy(PolicyBase):
     def _new_context(self, context: FeatureContext) -> None:
         self._context = context
         self._nodes, self._node_key = (), ()
+        self._aliases = {}
         self._cache = EncoderCache(self.encoder, self.artifact.layers, self.max_share)
 
     def _note(self, pods: Sequence[Pod], state: ClusterState) -> None:
@@ -230,6 +233,8 @@ class OnnxModelPolicy(PolicyBase):
         by that tuple's identity); another cluster resets the caches."""
         if state.nodes is self._nodes:
             return state
+        if self._aliases.get(id(state.nodes)) is state.nodes:  # an equal tuple already compared: no 2nd walk
+            return replace(state, nodes=self._nodes)
         key = self._key(state)
         ref = self._ref
         same = ref is not None and key == self._node_key and all(
@@ -237,8 +242,11 @@ class OnnxModelPolicy(PolicyBase):
         if not same:
             if self._nodes:
                 self._new_context(FeatureContext(self._context.target, self.objective, self.scheme))
-            self._nodes, self._node_key, self._ref = state.nodes, key, state
+            self._nodes, self._node_key, self._ref, self._aliases = state.nodes, key, state, {}
             return state
+        if len(self._aliases) >= ALIASES:
+            self._aliases.clear()
+        self._aliases[id(state.nodes)] = state.nodes
         return replace(state, nodes=self._nodes)
 
     # --- running the model -----------------------------------------------------------------------
