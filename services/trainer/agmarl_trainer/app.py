@@ -46,6 +46,7 @@ from agmarl_common.core.policies.registry import MODEL_PREFIX
 from agmarl_common.runtime.service import HandlerContext, ServiceRuntime
 from agmarl_common.runtime.settings import load_settings
 from agmarl_trainer.experience import ExperienceBuffer
+from agmarl_trainer.procs import die_with_parent
 from agmarl_trainer.settings import TrainerSettings
 
 SERVICE = "trainer"
@@ -70,6 +71,7 @@ def run_job(config_path: str, incumbent: dict, experience_path: str, out_dir: st
     It leads its own process group, so stopping the run stops its rollout workers too (``_stop``)."""
     from agmarl_trainer.finetune import Incumbent, run_finetune
 
+    die_with_parent()  # a trainer killed outright takes its run (and, below, the run's workers) with it
     os.setsid()
     try:
         body = run_finetune(config_path, Incumbent(**incumbent), experience_path, out_dir, runs_dir, force=force,

@@ -18,6 +18,7 @@ from agmarl_common.core.features import HeteroGraph
 from agmarl_common.core.policies.fgd import FGD_PAPER_POLICIES
 from agmarl_common.core.sim.inflation import run_inflation
 from agmarl_trainer.imitation import openb_nodes, openb_pods
+from agmarl_trainer.procs import die_with_parent
 
 _MODEL_DIR: str | None = None
 
@@ -110,6 +111,7 @@ def _init(model_dir: str | None) -> None:
     global _MODEL_DIR
     import torch
 
+    die_with_parent()
     torch.set_num_threads(1)
     _MODEL_DIR = model_dir
 
