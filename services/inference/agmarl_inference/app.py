@@ -32,6 +32,8 @@ SERVICE = "inference"
 STARTUP_SELECTION_WAIT_S = 5.0  # a pending pod at start-up waits at most this long for the KV selection
 STARTUP_VIEW_WAIT_S = 10.0  # ... and this long for the first full graph (else the collector announces it again)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+MAX_UNACKED = 64  # decisions published to JetStream and not yet acknowledged; one more waits for the oldest
+FLUSH_WAIT_S = 5.0  # at shutdown, how long the decisions still unacknowledged are waited for
 
 
 class InferenceApp:
@@ -53,6 +55,9 @@ class InferenceApp:
         self.brief_pods = catalog.openb_pods(settings.brief_workload) if settings.brief_workload else None
         self._rank_key: object = None
         self._rank = None
+        # decisions published and waiting for their JetStream acknowledgement: the loop decides the next pod
+        # meanwhile (publishes go out in decision order on the one connection, so the stream keeps that order)
+        self._unacked: set[asyncio.Task] = set()
         # cleared by main() until the KV selection was read, so that no pod is decided on the start-up policy
         self.selection_loaded = asyncio.Event()
         self.selection_loaded.set()
@@ -183,11 +188,37 @@ class InferenceApp:
             mode=self.mode, score=choice.score, scores=choice.scores, model_scores=choice.model_scores,
             default_scores=choice.default_scores, explanation=choice.explanation, trace_id=trace_id,
             seen_at=msg.seen_at, decided_at=decided_at, source="loop", origin=self.name, origin_seq=self.seq)
-        await ctx.publish(subjects.decision(msg.cluster, pod.namespace), decision, js=True,
-                          msg_id=decision.decision_id)
-        self.decisions.labels(policy=policy.name, mode=self.mode, source="loop", result=result).inc()
-        self.attempts.labels(result=result, profile="agmarl").inc()
+        if len(self._unacked) >= MAX_UNACKED:  # JetStream slow or away: wait rather than pile up publishes
+            await asyncio.wait(self._unacked, return_when=asyncio.FIRST_COMPLETED)
+        # the publish starts now, in the handler's span (its trace context goes in the headers); the ack is
+        # awaited by the task, not by the loop
+        task = asyncio.get_running_loop().create_task(self._publish(ctx, decision, pod, policy.name, result))
+        self._unacked.add(task)
+        task.add_done_callback(self._unacked.discard)
         self.latency.observe(max(0.0, decided_at - msg.seen_at))
+
+    async def _publish(self, ctx: HandlerContext, decision: m.Decision, pod, policy: str, result: str) -> None:
+        """Publish one decision to the DECISIONS stream and wait for its acknowledgement. A decision JetStream
+        did not acknowledge is counted (``result="unpublished"``) and its assumption forgotten, so that the
+        pod's next announcement is decided again (a copy that did reach the stream is refused as stale by the
+        binder: the pod is no longer pending)."""
+        try:
+            await ctx.publish(subjects.decision(decision.cluster, decision.namespace), decision, js=True,
+                              msg_id=decision.decision_id)
+        except Exception as exc:  # noqa: BLE001 - NATS away, a timeout: the pod is announced again
+            self.decisions.labels(policy=policy, mode=decision.mode, source="loop", result="unpublished").inc()
+            self.rt.log.warning("decision %s for pod %s not acknowledged by JetStream (%s: %s); its assumption "
+                                "is forgotten", decision.decision_id, pod.key, type(exc).__name__, exc)
+            if decision.node and self.view.is_assumed(pod.key):
+                self.view.forget(pod.key, decision.node)
+            return
+        self.decisions.labels(policy=policy, mode=decision.mode, source="loop", result=result).inc()
+        self.attempts.labels(result=result, profile="agmarl").inc()
+
+    async def flush_decisions(self, timeout: float = FLUSH_WAIT_S) -> None:
+        """Wait (at shutdown) for the decisions still waiting for their acknowledgement."""
+        if self._unacked:
+            await asyncio.wait(list(self._unacked), timeout=timeout)
 
 
 async def load_active_policy(rt: ServiceRuntime, app: InferenceApp) -> None:
@@ -211,6 +242,7 @@ async def main() -> int:
     app.replica.bound_listeners.append(extender.service.observed)  # held extender decisions learn their binding
     if settings.batch_scheduler_name:
         start_batch_mode(rt, settings, policy=lambda: app.policy, view=app.view)
+    rt.on_stop(app.flush_decisions)
     app.selection_loaded.clear()  # graph requests that arrive from now on wait for the KV selection
     await rt.start()
     try:

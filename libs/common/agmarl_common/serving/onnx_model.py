@@ -35,7 +35,7 @@ from agmarl_common.core.policies.registry import MODEL_PREFIX  # noqa: F401  (re
 from agmarl_common.core.reward import SCHEMES
 from agmarl_common.core.sim.fragmentation import pod_shape
 
-EXPLAIN_TOP = 8  # candidates kept for feature contributions
+EXPLAIN_TOP = 2  # candidates the feature contributions contrast: the pick and the runner-up
 TARGET_GROWTH = (16, 64, 256, 1024)  # seen-pod counts at which an implicit target workload is rebuilt
 RECENT_PODS = 4096
 ALIASES = 8  # equal node tuples remembered by identity (views rebuild the tuple; the nodes stay the same)
@@ -64,6 +64,16 @@ def input_columns(manifest: dict, key: str, names: Sequence[str]) -> np.ndarray 
         raise ValueError(f"model {manifest.get('version', '?')} reads {key} {unknown}, which this release does "
                          f"not compute (known: {', '.join(names)})")
     return np.array([list(names).index(w) for w in wanted], np.int64)
+
+
+def top_order(values: np.ndarray, k: int) -> np.ndarray:
+    """``np.argsort(-values, kind="stable")[:k]`` without sorting everything: the entries at least as large
+    as the k-th largest (ties included), sorted stably, then cut."""
+    if values.size <= k:
+        return np.argsort(-values, kind="stable")
+    kth = np.partition(values, values.size - k)[values.size - k]
+    sel = np.flatnonzero(values >= kth)
+    return sel[np.argsort(-values[sel], kind="stable")[:k]]
 
 
 def _csr(key: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -367,9 +377,11 @@ class OnnxModelPolicy(PolicyBase):
 
     def explain(self, pod: Pod, state: ClusterState, candidates: np.ndarray, top: int = 5) -> dict[str, Any]:
         """Why the model prefers its pick: the candidates with the most attention (with their logits) and,
-        for the best candidate, each feature's contribution to its logit margin: the logit drop when that
-        feature (edge feature of the pair, or node feature as the actor reads it) is set to its mean over
-        the ``EXPLAIN_TOP`` best candidates (occlusion; node embeddings are left as they are)."""
+        for the best candidate, each feature's contribution to its margin over the runner-up: the drop of
+        the pick's logit when that feature (edge feature of the pair, or node feature as the actor reads it)
+        is set to its mean over the pick and the runner-up (``EXPLAIN_TOP``), the actor run on those two
+        candidates (occlusion; node embeddings are left as they are). One actor call of
+        ``EXPLAIN_TOP * (1 + features)`` pairs, whatever the number of candidates."""
         cand = np.asarray(candidates, np.int64)
         if cand.size == 0:
             return {"policy": self.name, "model_version": self.version, "candidates": 0}
@@ -380,41 +392,46 @@ class OnnxModelPolicy(PolicyBase):
             else:
                 g = self.graph([pod], state, [cand])
                 emb, logits, attention = self.forward(g)
-            names = [state.nodes[i].name for i in cand]
-            order = np.argsort(-attention, kind="stable")[:top]
+            order = top_order(attention, top)
             best = int(np.argmax(logits))
             contributions = self._occlusion(emb, g, logits)
         ranked = sorted(contributions.items(), key=lambda kv: -abs(kv[1]))[:top]
+        nodes = state.nodes
         return {
             "policy": self.name, "model_version": self.version, "candidates": int(cand.size),
-            "chosen": names[best], "chosen_logit": round(float(logits[best]), 4),
-            "attention": [{"node": names[k], "attention": round(float(attention[k]), 4),
+            "chosen": nodes[int(cand[best])].name, "chosen_logit": round(float(logits[best]), 4),
+            "attention": [{"node": nodes[int(cand[k])].name, "attention": round(float(attention[k]), 4),
                            "logit": round(float(logits[k]), 4)} for k in order],
             "feature_contributions": [{"feature": f, "contribution": round(v, 4)} for f, v in ranked],
         }
 
     def _occlusion(self, emb: np.ndarray, g: HeteroGraph, logits: np.ndarray) -> dict[str, float]:
-        keep = np.argsort(-logits, kind="stable")[:EXPLAIN_TOP]  # best first
+        """{feature: the best candidate's logit with its inputs minus its logit with that feature set to
+        the mean over the ``EXPLAIN_TOP`` best candidates}. A feature equal on all of them is left as it
+        is by that mean: its contribution is exactly 0 and is not run. The others are one copy of those
+        candidates each, each copy its own pod, in one actor call."""
+        keep = top_order(logits, EXPLAIN_TOP)  # best first
         nodes = g.cand_node[keep]
         k = keep.size
-        feats = [("edge", j, f"edge.{f}") for j, f in enumerate(self._names["edge"])] + \
-                [("node", j, f"node.{f}") for j, f in enumerate(self._names["node"])]
-        copies = 1 + len(feats)
-        attr = np.tile(g.cand_attr[keep], (copies, 1))  # (copies * k, F_EDGE)
-        node_x = np.tile(g.node_x[nodes], (copies, 1))  # one block of node rows per copy
-        for c, (kind, j, _) in enumerate(feats, start=1):
-            block = slice(c * k, (c + 1) * k)
-            if kind == "edge":
-                attr[block, j] = attr[:k, j].mean()
-            else:
-                node_x[block, j] = node_x[:k, j].mean()
-        out, _ = self.actor.run(None, {
-            "node_emb": np.tile(emb[nodes], (copies, 1)), "node_x": node_x,
+        names = [f"edge.{f}" for f in self._names["edge"]] + [f"node.{f}" for f in self._names["node"]]
+        fe = len(self._names["edge"])
+        base = np.concatenate([g.cand_attr[keep], g.node_x[nodes]], axis=1)  # (k, fe + fn): the pairs' inputs
+        varies = np.flatnonzero((base != base[0]).any(axis=0))  # features an occlusion changes
+        out = dict.fromkeys(names, 0.0)
+        if varies.size == 0:
+            return out
+        copies = 1 + varies.size  # copy 0: as scored; copy 1 + c: feature varies[c] set to its mean
+        x = np.broadcast_to(base, (copies, k, base.shape[1])).copy()
+        x[1 + np.arange(varies.size), :, varies] = base[:, varies].mean(axis=0)[:, None]
+        x = x.reshape(copies * k, base.shape[1])
+        logit, _ = self.actor.run(None, {
+            "node_emb": np.tile(emb[nodes], (copies, 1)), "node_x": np.ascontiguousarray(x[:, fe:]),
             "pod_x": np.repeat(g.pod_x, copies, axis=0),
             "cand_pod": np.repeat(np.arange(copies, dtype=np.int64), k),
-            "cand_node": np.arange(copies * k, dtype=np.int64), "cand_attr": attr})
-        out = out.reshape(copies, k)
-        return {name: float(out[0, 0] - out[c, 0]) for c, (_, _, name) in enumerate(feats, start=1)}
+            "cand_node": np.arange(copies * k, dtype=np.int64), "cand_attr": np.ascontiguousarray(x[:, :fe])})
+        logit = logit.reshape(copies, k)[:, 0]
+        out.update(zip((names[j] for j in varies), (logit[0] - logit[1:]).astype(np.float64).tolist()))
+        return out
 
 
 def resolve_model_policy(ref: str, seed: int = 0) -> OnnxModelPolicy:

@@ -1,0 +1,95 @@
+"""The NATS decision loop publishes a decision and decides the next pod before JetStream acknowledges it:
+the stream keeps the decision order, shutdown waits for what is unacknowledged, and a decision JetStream
+refuses is counted and its assumption forgotten (so the pod's next announcement is decided again)."""
+
+import asyncio
+import time
+import uuid
+
+from agmarl_common.core.cluster.model import ClusterState, Node, Pod, to_dict
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
+from agmarl_common.runtime.bus import Bus
+from agmarl_common.runtime.natsserver import NatsServer
+from agmarl_common.runtime.service import HandlerContext, ServiceRuntime
+from agmarl_inference.app import InferenceApp
+from agmarl_inference.settings import InferenceSettings
+
+DEADLINE_S = 10.0
+
+
+async def until(predicate, timeout: float = DEADLINE_S) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        await asyncio.sleep(0.01)
+    return bool(predicate())
+
+
+async def started_app(url: str, tmp_path) -> tuple[InferenceApp, ServiceRuntime, str]:
+    cluster = f"loop{uuid.uuid4().hex[:8]}"
+    settings = InferenceSettings(nats_url=url, cluster=cluster, trace_dir=str(tmp_path), pinned_policy="kube-resources")
+    rt = ServiceRuntime(f"inference-{cluster}", settings)
+    app = InferenceApp(rt, settings)
+    await rt.start()
+    app.view.apply_snapshot("e1", 1, ClusterState.empty([Node(f"n{k}", 4000, 4000) for k in range(4)]))
+    return app, rt, cluster
+
+
+def pending(cluster: str, k: int) -> m.PendingPod:
+    return m.PendingPod(cluster=cluster, pod=to_dict(Pod(f"p{k}", 100, 100)), seen_at=time.time(), seq=k)
+
+
+def context(rt: ServiceRuntime) -> HandlerContext:
+    return HandlerContext(rt, "test", {}, rt.tracer.start_span("test"))
+
+
+async def test_decisions_reach_the_stream_in_decision_order_and_shutdown_waits_for_their_acks(nats_url, tmp_path):
+    app, rt, cluster = await started_app(nats_url, tmp_path)
+    bus = await Bus.connect(nats_url, "test-loop-publish")
+    got: list[m.Decision] = []
+    try:
+        await bus.ensure_streams()
+
+        async def on_decision(msg) -> None:
+            got.append(m.decode(m.Decision, msg.data))
+
+        await bus.nc.jetstream().subscribe(subjects.decision_wildcard(cluster), cb=on_decision, ordered_consumer=True)
+        for k in range(40):  # back to back: each decided while earlier ones still wait for their ack
+            await app.on_pending(pending(cluster, k), context(rt))
+        assert len(app._unacked) > 1  # the loop went on without waiting for the acknowledgements
+        await app.flush_decisions()
+        assert not app._unacked
+        assert await until(lambda: len(got) == 40)
+        assert [d.pod_key for d in got] == [f"default/p{k}" for k in range(40)]
+        assert [d.origin_seq for d in got] == list(range(1, 41))
+        assert all(app.view.is_assumed(d.pod_key) for d in got)
+        assert app.decisions.labels(policy="kube-resources", mode="full", source="loop",
+                                    result="scheduled")._value.get() == 40
+    finally:
+        await bus.close()
+        await rt.shutdown()
+
+
+async def test_a_decision_jetstream_refuses_is_counted_and_its_pod_decided_again(tmp_path):
+    server = NatsServer(store_dir=tmp_path / "js")  # its own server: no DECISIONS stream, so the publish fails
+    server.start()
+    try:
+        app, rt, cluster = await started_app(server.url, tmp_path)
+        try:
+            await app.on_pending(pending(cluster, 0), context(rt))
+            assert app.view.is_assumed("default/p0")  # assumed at once, before the acknowledgement
+            unpublished = app.decisions.labels(policy="kube-resources", mode="full", source="loop", result="unpublished")
+            assert await until(lambda: unpublished._value.get() == 1)
+            assert await until(lambda: not app._unacked)
+            assert not app.view.is_assumed("default/p0")  # forgotten: its resources are free again
+            assert app.view.state.cpu_used.sum() == 0
+            seq = app.seq
+            await app.on_pending(pending(cluster, 0), context(rt))  # announced again: decided again
+            assert app.seq == seq + 1
+        finally:
+            await rt.shutdown()
+    finally:
+        server.stop()
+
