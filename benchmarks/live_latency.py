@@ -7,8 +7,10 @@ order, ``--rate`` pods per second, announced one at a time on a 10 ms tick), gra
 as processes, the policy pinned. The benchmark reads the DECISIONS stream with an ordered push consumer:
 latency = arrival on the stream consumer - the PendingPod's ``seen_at`` (set when the collector
 publishes it), so it includes inference's decision, the JetStream publish and its acknowledgement, and
-the delivery back. Prints p50 / p90 / p99 / max over the measured decisions (after ``--warmup``), and
-inference's own share (``decided_at - seen_at``).
+the delivery back. Prints p50 / p90 / p99 / max over the measured decisions (after ``--warmup``),
+inference's own share (``decided_at - seen_at``), the inference process's CPU time per measured decision
+(user + system, from /proc: the figure that moves least with other jobs on a shared machine) and the
+1-minute load average at the start and the end.
 
     nice .venv/bin/python benchmarks/live_latency.py --nodes openb:all --rate 100 --pods 3000 --policy model:default
 """
@@ -37,6 +39,15 @@ from agmarl_testing.fixtures import wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVICES = ("graph-builder", "inference", "state-collector")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc; nan elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -68,11 +79,16 @@ async def run(args: argparse.Namespace) -> dict:
         await bus.ensure_streams()
         got: list[tuple[float, m.Decision]] = []
         done = asyncio.Event()
+        cpu = {}  # inference's CPU seconds when the measured decisions start and end
+        load_start = os.getloadavg()[0]
 
         async def on_decision(msg) -> None:
             at = time.time()
             got.append((at, m.decode(m.Decision, msg.data)))
-            if len(got) >= args.warmup + args.pods:
+            if len(got) == args.warmup:
+                cpu["start"] = cpu_seconds(procs["inference"].pid)
+            if len(got) >= args.warmup + args.pods and not done.is_set():
+                cpu["end"] = cpu_seconds(procs["inference"].pid)
                 done.set()
 
         js = bus.nc.jetstream()
@@ -94,7 +110,10 @@ async def run(args: argparse.Namespace) -> dict:
                "decisions": len(measured), "achieved_rate": len(measured) / span if span else float("nan"),
                "scheduled": sum(1 for _, d in measured if d.node),
                "latency_ms": {"p50": pct(e2e, 50), "p90": pct(e2e, 90), "p99": pct(e2e, 99), "max": max(e2e or [0])},
-               "inference_ms": {"p50": pct(own, 50), "p99": pct(own, 99)}}
+               "inference_ms": {"p50": pct(own, 50), "p99": pct(own, 99)},
+               "inference_cpu_ms_per_decision": 1000 * (cpu["end"] - cpu["start"]) / len(measured)
+               if "end" in cpu and "start" in cpu and measured else float("nan"),
+               "load_avg_1m": {"start": load_start, "end": os.getloadavg()[0]}}
         return out
     finally:
         if bus is not None:
@@ -128,7 +147,9 @@ def main() -> int:
     print(f"live decision latency, {out['nodes']} nodes, {args.rate:.0f} pods/s, {out['policy']} "
           f"({out['objective']}): {out['decisions']} decisions at {out['achieved_rate']:.1f}/s: "
           f"p50 {lat['p50']:.2f} ms, p90 {lat['p90']:.2f} ms, p99 {lat['p99']:.2f} ms, max {lat['max']:.1f} ms "
-          f"(inference's own: p50 {own['p50']:.2f}, p99 {own['p99']:.2f} ms)")
+          f"(inference's own: p50 {own['p50']:.2f}, p99 {own['p99']:.2f} ms); inference CPU "
+          f"{out['inference_cpu_ms_per_decision']:.2f} ms per decision; load {out['load_avg_1m']['start']:.2f} -> "
+          f"{out['load_avg_1m']['end']:.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
     return 0
