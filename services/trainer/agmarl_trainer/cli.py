@@ -120,12 +120,30 @@ def _dynamic_table(results: dict) -> list[str]:
     return lines + [""]
 
 
+def search_table(report: dict) -> list[str]:
+    """The search's learning curve as Markdown: held-out score per iteration and what was kept."""
+    lines = ["## Search-based improvement (expert iteration): learning curve", "",
+             f"GPU allocation at 100 % arrived, openb inflation on held-out sub-clusters of {report['held_out_nodes']} "
+             f"nodes (seeds {report['held_out_seeds']}, pod lists {report['held_out_workloads']}), greedy policy, "
+             f"mean over seeds; FGD on the same seeds {report['fgd_held_out']:.3f}. Kept: iteration "
+             f"{report['kept_iteration']} ({report['kept_held_out']:.3f}; start {report['start_held_out']:.3f}).", "",
+             "| iteration | held-out | - start | KL to start | labels | changed | gain milli / label | s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for c in report["curve"]:
+        mark = " (kept)" if c["iteration"] == report["kept_iteration"] else ""
+        gain = c["held_out"] - report["start_held_out"]
+        lines.append(f"| {c['iteration']}{mark} | {c['held_out']:.3f} | {gain:+.3f} | {c['kl']:.4f} | {c['labels']} | "
+                     f"{c['changed']} | {c.get('gain_milli_per_label', 0)} | {c['seconds']} |")
+    return lines + [""]
+
+
 def write_report(path: Path, manifest: dict, history: dict) -> None:
     """report.md: how the model was trained and every evaluation in the manifest."""
     ev, train = manifest.get("evaluation", {}), manifest["training"]
     trained = train["config"]["train_workloads"]
-    kept = "the imitation weights (PPO did not improve the held-out sub-cluster evaluation)" \
-        if history.get("kept") == ["imitation"] else "the final weights"
+    kept = {"imitation": "the imitation weights (PPO did not improve the held-out sub-cluster evaluation)",
+            "start": "the start model's weights (no search iteration improved the held-out evaluation)"}.get(
+        (history.get("kept") or [""])[0], (history.get("kept") or ["the final weights"])[0])
     lines = [f"# Training report: {manifest['version']}", "",
              f"Trained in {train['seconds']:.0f} s with `{train['config_path']}` on openb sub-clusters of "
              f"{train['config']['sim']['nodes_min']}-{train['config']['sim']['nodes_max']} nodes "
@@ -145,6 +163,8 @@ def write_report(path: Path, manifest: dict, history: dict) -> None:
         lines += ["## Dynamic simulator (synthetic workloads)", "", f"{dyn['harness']}; balance_mean is the std of "
                   "node utilisation (lower = more even), pending_mean the mean queue length.", ""]
         lines += _dynamic_table(dyn["results"])
+    if history.get("search"):
+        lines += search_table(history["search"][0])
     lines += ["## Training history", "", "```json", json.dumps(history, indent=2, default=str), "```", "",
               "## Export parity (ONNX Runtime vs PyTorch, real openb graphs)", "", "```json",
               json.dumps(manifest.get("parity", {}), indent=2), "```", ""]
@@ -252,6 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parity = parity_check(result.net, out)
     print(f"parity: {parity}", file=sys.stderr)
     evaluation: dict = {"quick": result.eval}
+    cfg = result.config or cfg  # as run: a search start's network shape wins over the config's
     manifest = model_manifest(cfg.name, out, {"config_path": str(args.config), "config": config_to_dict(cfg),
                                               "seconds": round(result.seconds, 1), "history": result.history},
                               evaluation, parity)

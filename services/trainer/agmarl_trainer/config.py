@@ -49,6 +49,28 @@ class RLConfig:
 
 
 @dataclass(frozen=True)
+class SearchConfig:
+    """Search-based policy improvement (expert iteration, ``search.py``) on openb inflation sub-clusters."""
+
+    iterations: int = 0  # improvement iterations (0 = none)
+    start: str = ""  # model folder (or model.pt) to start from; "" = the weights of this run's imitation phase
+    episodes_per_iter: int = 8  # simulator episodes (sub-clusters of sim.nodes_min..nodes_max nodes) per iteration
+    decisions: int = 32  # decision points searched per episode
+    window: tuple[float, ...] = (0.6, 1.0)  # decision points where this share of GPU capacity has arrived
+    top_k: int = 4  # the policy's best k candidates each tried with a rollout
+    horizon: int = 200  # rollout length cap in pods (it also stops when 100 % of GPU capacity has arrived)
+    rollout_policy: str = "fgd-pack"  # who places the rollout's pods: a registry policy, or "model" (current weights)
+    frag_tiebreak: bool = False  # equal allocations: the lower end fragmentation wins (else the policy's pick)
+    epochs: int = 3  # distillation passes over the aggregated labels per iteration
+    batch_graphs: int = 32
+    lr: float = 1e-4
+    anchor: float = 1.0  # weight of KL(start || current) per pod, added to the cross-entropy on improved labels
+    kl_max: float = 0.05  # trust region: distillation past this mean KL to the start goes back to its last check inside
+    buffer: int = 20000  # improved labels kept across iterations (newest first)
+    eval_nodes: int = 0  # held-out sub-cluster size (0 = eval.sub_nodes); seeds, pod lists: eval.sub_seeds, .workloads
+
+
+@dataclass(frozen=True)
 class SimulatorConfig:
     nodes_min: int = 60  # sub-cluster size range (nodes sampled from the openb node list)
     nodes_max: int = 200
@@ -78,6 +100,7 @@ class TrainConfig:
     imitation: ImitationConfig = field(default_factory=ImitationConfig)
     rl: RLConfig = field(default_factory=RLConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
 
 
 def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:

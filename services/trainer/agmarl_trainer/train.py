@@ -16,6 +16,7 @@ Progress goes to tqdm; every optimisation step is one row of runs/<name>/metrics
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from agmarl_trainer.imitation import EpisodeTask, expert_tasks, imitation_loss, 
 from agmarl_trainer.model import PolicyNet
 from agmarl_trainer.rollout import Sample, action_edges, collate, run_inflation_episode, segment_log_softmax, \
     sub_cluster, torch_scorer
+from agmarl_trainer.search import train_search
 
 METRIC_FIELDS = ("phase", "step", "time_s", "loss", "accuracy", "policy_loss", "value_loss", "entropy",
                  "approx_kl", "episode_return", "alloc_at_100", "fgd_alloc_at_100", "lr")
@@ -65,6 +67,7 @@ class TrainResult:
     history: dict[str, list] = field(default_factory=dict)
     eval: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
+    config: TrainConfig | None = None  # the config as run (with the start model's network shape)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,7 +241,8 @@ def set_seed(seed: int) -> np.random.Generator:
 
 
 def train(cfg: TrainConfig, out_dir: str | Path, *, wrap=None, rank: int = 0) -> TrainResult:
-    """Imitation then PPO, checkpoints in ``out_dir``; rank 0 writes files, every rank trains."""
+    """Imitation (or the weights of ``search.start``), then search-based improvement (``search.py``) and/or
+    PPO, checkpoints in ``out_dir``; rank 0 writes files, every rank trains."""
     t0 = time.monotonic()
     out = Path(out_dir)
     torch.set_num_threads(max(1, cfg.torch_threads))
@@ -248,13 +252,27 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, wrap=None, rank: int = 0) ->
     log = MetricsLog(out / ("metrics.csv" if rank == 0 else f"metrics.rank{rank}.csv"))
     history: dict[str, list] = {}
     try:
-        history["imitation"] = [train_imitation(net, cfg, log, rng, wrap)]
-        ev = quick_eval(net, cfg)
+        if cfg.search.start:  # from a trained model: its weights and network shape, no imitation phase
+            net, cfg = load_start(cfg)
+            history["start"] = [cfg.search.start]
+        else:
+            history["imitation"] = [train_imitation(net, cfg, log, rng, wrap)]
+            if rank == 0:
+                torch.save({"state_dict": net.state_dict(), "net": cfg.net, "phase": "imitation"}, out / "imitation.pt")
+        if cfg.search.iterations > 0:  # keeps its best iteration on held-out seeds, the start on a tie
+            if wrap is not None:
+                raise ValueError("search: one process only (no --distributed)")
+            report = train_search(net, cfg, log, rng, t0 + cfg.time_budget_s)
+            history["search"] = [report]
+            kept = report["kept_iteration"]
+            history["kept"] = ["start" if kept == 0 else f"search iteration {kept}"]
+            ev = {"alloc_at_100": report["kept_held_out"], "fgd_alloc_at_100": report["fgd_held_out"]}
+            history["eval_after_search"] = [ev]
+        else:
+            ev = quick_eval(net, cfg)
+            history["eval_after_imitation"] = [ev]
         log.row(phase="eval", step=0, **ev)
-        history["eval_after_imitation"] = [ev]
-        imitation_state = {k: v.detach().clone() for k, v in net.state_dict().items()}
-        if rank == 0:
-            torch.save({"state_dict": imitation_state, "net": cfg.net, "phase": "imitation"}, out / "imitation.pt")
+        before_rl = {k: v.detach().clone() for k, v in net.state_dict().items()}
         if cfg.rl.iterations > 0:
             deadline = t0 + cfg.time_budget_s
             history["rl"] = [train_rl(net, cfg, log, rng, deadline, wrap)]
@@ -262,19 +280,31 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, wrap=None, rank: int = 0) ->
             log.row(phase="eval", step=1, **ev_rl)
             history["eval_after_rl"] = [ev_rl]
             if ev_rl["alloc_at_100"] < ev["alloc_at_100"]:  # keep the better phase (same decision on every rank)
-                net.load_state_dict(imitation_state)
-                history["kept"] = ["imitation"]
+                net.load_state_dict(before_rl)
+                history["kept"] = history.get("kept", ["imitation"])
             else:
                 ev = ev_rl
+                history["kept"] = ["rl"]
         if rank == 0:
             torch.save({"state_dict": net.state_dict(), "net": cfg.net, "config": config_to_dict(cfg)},
                        out / "model.pt")
     finally:
         log.close()
-    result = TrainResult(net=net.eval(), out_dir=out, history=history, eval=ev, seconds=time.monotonic() - t0)
+    result = TrainResult(net=net.eval(), out_dir=out, history=history, eval=ev, seconds=time.monotonic() - t0,
+                         config=cfg)
     if rank == 0:
         (out / "history.json").write_text(json.dumps(history, indent=2, default=str) + "\n")
     return result
+
+
+def load_start(cfg: TrainConfig) -> tuple[PolicyNet, TrainConfig]:
+    """(network with the weights of ``cfg.search.start``: a model folder's ``model.pt`` or a checkpoint path,
+    the config with that network's shape)."""
+    path = Path(cfg.search.start)
+    ckpt = torch.load(path / "model.pt" if path.is_dir() else path, weights_only=False)
+    net = PolicyNet(ckpt["net"])
+    net.load_state_dict(ckpt["state_dict"])
+    return net, dataclasses.replace(cfg, net=ckpt["net"])
 
 
 def load_checkpoint(path: str | Path) -> PolicyNet:
