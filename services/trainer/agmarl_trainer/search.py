@@ -51,6 +51,7 @@ from agmarl_trainer.config import TrainConfig
 from agmarl_trainer.imitation import EpisodeTask, expert_policy, minibatches, openb_nodes, openb_pods, run_tasks
 from agmarl_trainer.model import PolicyNet
 from agmarl_trainer.rollout import Sample, action_edges, collate, segment_log_softmax, sub_cluster, torch_scorer
+from agmarl_trainer.procs import die_with_parent
 
 # ---------------------------------------------------------------------------------------------
 # 1. Episodes with searched decision points (worker processes)
@@ -77,6 +78,7 @@ _NET: PolicyNet | None = None  # the current policy inside a worker process (``i
 def init_worker(state_dict: dict, net_cfg) -> None:
     """Pool initializer: one torch thread, the current weights."""
     global _NET
+    die_with_parent()
     torch.set_num_threads(1)
     _NET = PolicyNet(net_cfg)
     _NET.load_state_dict(state_dict)
