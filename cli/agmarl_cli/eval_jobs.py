@@ -18,7 +18,7 @@ from agmarl_common.core import reward
 from agmarl_common.core.cluster.filters import violations
 from agmarl_common.core.policies.base import Policy, brief
 from agmarl_common.core.cluster import metrics as state_metrics
-from agmarl_common.core.sim import dynamic, metrics
+from agmarl_common.core.sim import dynamic, metrics, synthetic
 from agmarl_common.core.sim.inflation import MAX_ARRIVED_PCT, run_inflation
 from agmarl_cli.eval_spec import EvalSpec, load_nodes, load_workload, resolve_policy
 
@@ -48,7 +48,9 @@ def _inflation_job(spec: EvalSpec, nodes, pods, policy: Policy, seed: int) -> di
 
 
 def _dynamic_job(spec: EvalSpec, nodes, pods, policy: Policy, seed: int) -> dict[str, Any]:
-    config = dynamic.SimConfig(horizon_s=spec.horizon_s)
+    kind, _, ref = spec.workload.partition(":")
+    options = synthetic.sim_options(ref, spec.horizon_s) if kind == "synthetic" else {}
+    config = dynamic.SimConfig(horizon_s=spec.horizon_s, **options)  # a pressure variant's timeout, node loss
     res, rewards = run_dynamic_with_reward(policy, nodes, pods, config, seed, spec.record_every_s)
     m = res.summary()
     used = ["util_cpu_mean", "util_mem_mean"] + (["util_gpu_mean"] if any(n.gpu_count for n in nodes) else [])

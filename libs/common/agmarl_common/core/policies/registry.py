@@ -27,7 +27,8 @@ PolicyFactory = Callable[[int], Policy]
 
 # modules that call register_policy on import; imported lazily, skipped when absent
 EXTENSION_MODULES: list[str] = ["agmarl_common.core.policies.fgd", "agmarl_common.core.policies.fgdpack",
-                                 "agmarl_common.core.policies.headroom", "agmarl_common.core.policies.gpupack"]
+                                 "agmarl_common.core.policies.headroom", "agmarl_common.core.policies.gpupack",
+                                 "agmarl_common.core.sim.lookahead"]  # lookahead: a simulator-only reference
 
 _REGISTRY: dict[str, PolicyFactory] = {}
 _loaded = False

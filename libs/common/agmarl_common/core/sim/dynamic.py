@@ -2,8 +2,8 @@
 
 Step API (the scheduling decision comes from outside):
 - ``reset(nodes, workload, config, seed)`` -> the state at ``config.start_s``, nothing arrived yet;
-- ``advance(state, dt, config)`` -> (state, events): departures, node recoveries and failures,
-  random evictions, arrivals with ``creation_time <= time``, pending timeouts, measured load;
+- ``advance(state, dt, config)`` -> (state, events): departures, node recoveries and failures
+  (random, and the config's scripted node loss), random evictions, arrivals with ``creation_time <= time``, pending timeouts, measured load;
 - ``bind(state, pod_key, node_name, gpus=None)`` -> (state, BindOutcome): re-runs the hard filter
   and refuses an infeasible binding (counted in ``bind_rejected``), so no hard-constraint violation
   can enter the state;
@@ -114,6 +114,7 @@ def advance(state: SimState, dt: float, config: SimConfig = SimConfig()) -> tupl
     _departures(s)
     _recoveries(s, state.base_nodes)
     _failures(s, state.base_nodes, rng, dt)
+    _scripted_loss(s, state, config)
     _evictions(s, rng, dt)
     next_arrival = _arrivals(s, state.workload, state.next_arrival)
     _timeouts(s)
@@ -167,6 +168,27 @@ def _fail(s: _Step, i: int, until: float, base: Node, reason: str) -> None:
     s.events.append(SimEvent("node_failed", "", base.name, s.t, reason))
     for pod in s.cluster.bound[i]:
         s.remove_running(pod.key, "node_failed")
+
+
+NODE_LOSS_STREAM = 7919  # the seed stream that picks the nodes of a scripted loss
+
+
+def lost_nodes(n_nodes: int, fraction: float, seed: int) -> list[int]:
+    """The nodes a scripted loss of ``fraction`` takes down for ``seed`` (at least one when fraction > 0)."""
+    if fraction <= 0 or n_nodes == 0:
+        return []
+    k = min(n_nodes, max(1, int(round(fraction * n_nodes))))
+    return sorted(np.random.default_rng([seed, NODE_LOSS_STREAM]).permutation(n_nodes)[:k].tolist())
+
+
+def _scripted_loss(s: _Step, state: SimState, config: SimConfig) -> None:
+    """``config.node_loss_fraction`` of the nodes fail when time crosses ``node_loss_at_s``."""
+    at = config.node_loss_at_s
+    if config.node_loss_fraction <= 0 or not state.time < at <= s.t:
+        return
+    for i in lost_nodes(len(state.base_nodes), config.node_loss_fraction, state.seed):
+        if i not in s.down:
+            _fail(s, i, at + config.node_loss_s, state.base_nodes[i], "scripted node loss")
 
 
 def fail_nodes(state: SimState, indexes: list[int] | tuple[int, ...], until: float,
@@ -296,10 +318,16 @@ def _bind(state: SimState, pod_key: str, node_name: str, gpus: tuple[int, ...] |
 
 def schedule_pending(policy: Policy, state: SimState, config: SimConfig,
                      retry: dict[str, tuple[float, float]]) -> SimState:
-    """One scheduling pass over the queue in order; ``retry`` (key -> (next try, backoff)) is updated."""
+    """One scheduling pass over the queue in order; ``retry`` (key -> (next try, backoff)) is updated.
+
+    A policy with ``observe_sim(state, config)`` (the lookahead reference, ``sim.lookahead``) is shown the
+    simulator state before each of its decisions."""
+    observe = getattr(policy, "observe_sim", None)
     for key, pp in list(state.pending.items()):
         if retry.get(key, (-math.inf, 0.0))[0] > state.time:
             continue
+        if callable(observe):
+            observe(state, config)
         cluster = state.cluster
         candidates = feasible_nodes(pp.pod, cluster)
         if state.down:

@@ -8,6 +8,7 @@ re-exported by ``agmarl_common.core.sim.dynamic``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from typing import Mapping
 
@@ -30,6 +31,9 @@ class SimConfig:
     pending_timeout_s: float = 600.0  # a pod pending longer leaves as unschedulable; 0 = never
     node_failure_rate: float = 0.0  # failures per node per hour
     mean_recovery_s: float = 600.0  # exponential down time of a failed node
+    node_loss_at_s: float = math.inf  # scripted node loss: at this time ...
+    node_loss_fraction: float = 0.0  # ... this share of the nodes (drawn from the seed) fails ...
+    node_loss_s: float = 600.0  # ... for this long (their pods evicted, as a random failure does)
     eviction_rate: float = 0.0  # random evictions per running pod per hour
     restart_policy: str = "requeue"  # requeue: an evicted pod is pending again | fail: it is gone
     load_ratio: float = 1.0  # measured load per requested unit (cpu_load = cpu_used * ratio * noise)
@@ -47,6 +51,8 @@ class SimConfig:
             raise ValueError("rates, noise and timeout must be >= 0")
         if self.mean_recovery_s <= 0 or self.load_ratio < 0:
             raise ValueError("mean_recovery_s must be > 0 and load_ratio >= 0")
+        if not 0.0 <= self.node_loss_fraction <= 1.0 or self.node_loss_s <= 0:
+            raise ValueError("node_loss_fraction must be in [0, 1] and node_loss_s > 0")
 
 
 @dataclass(frozen=True)

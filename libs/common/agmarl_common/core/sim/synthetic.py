@@ -9,6 +9,11 @@ a non-homogeneous Poisson process whose rate is ``rate * curve.multiplier(t)``; 
 mean number of pods per second (None: sized so that about half of the cluster cpu is requested
 in steady state). ``curve`` defaults to one real day of the Alibaba 2018 utilisation series
 squeezed onto the horizon (that default reads a CSV; pass a curve to avoid any I/O).
+
+The ``pressure_*`` variants (``PRESSURE_VARIANTS``) keep the cluster near full (85-90 % of its cpu
+requested, flat curve) so that placement changes pending time, timeouts and SLA: steady load, GPU
+fragmentation (whole and fractional GPU pods at 95 % of the GPU capacity), bursts, and node loss
+(``sim_options``: the simulator settings a variant runs with, a scripted loss of 20 % of the nodes).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from agmarl_common.core.cluster.model import (
     PodAffinityTerm, PreferredSchedulingTerm, Taint, Toleration, TopologySpreadConstraint,
     WeightedPodAffinityTerm,
 )
-from agmarl_common.core.sim.loadcurve import LoadCurve, fit_to_horizon, load_curve
+from agmarl_common.core.sim.loadcurve import LoadCurve, fit_to_horizon, flat_curve, load_curve
 
 LOCAL_SSD_LABEL = "agmarl.io/local-ssd"
 NODE_KIND_LABEL = "agmarl.io/node-kind"
@@ -276,9 +281,119 @@ def affinity_heavy(nodes: list[Node], horizon_s: float = 3600.0, rate: float | N
     return pods
 
 
+# ---------------------------------------------------------------------------------------------
+# High pressure: a cluster kept near full, where placement changes waits, timeouts and SLA
+
+WHOLE_GPUS, WHOLE_GPUS_P = (1, 2, 4), (0.5, 0.35, 0.15)  # whole-GPU pods: devices per pod
+SHARE_MILLI = (250, 500)  # fractional GPU pods: milli of one device
+
+
+def _bursts(rng: np.random.Generator, horizon_s: float, every_s: float, len_s: float, factor: float
+            ) -> Callable[[np.ndarray], np.ndarray] | None:
+    """An arrival multiplier: ``factor`` inside windows of ``len_s`` (one per ``every_s``, seeded starts), 1 else."""
+    if factor == 1.0:
+        return None
+    starts = np.sort(rng.uniform(0.0, max(horizon_s - len_s, 0.0), max(1, int(horizon_s // every_s))))
+
+    def extra(t: np.ndarray) -> np.ndarray:
+        inside = ((t[:, None] >= starts[None, :]) & (t[:, None] < starts[None, :] + len_s)).any(axis=1)
+        return np.where(inside, factor, 1.0)
+    return extra
+
+
+def _gpu_pod_fields(rng: np.random.Generator, whole_share: float) -> dict:
+    """A whole-GPU pod (1, 2 or 4 devices) with probability ``whole_share``, else a 250/500-milli share."""
+    if rng.random() < whole_share:
+        return {"num_gpu": int(rng.choice(WHOLE_GPUS, p=WHOLE_GPUS_P)), "gpu_milli": 1000}
+    return {"num_gpu": 1, "gpu_milli": int(rng.choice(SHARE_MILLI))}
+
+
+def pressure_rates(nodes: list[Node], target: float, gpu_target: float, whole_share: float,
+                   mean_duration_s: float) -> tuple[float, float]:
+    """(cpu-only pods/s, GPU pods/s) that request ``target`` of the cluster cpu and ``gpu_target`` of its
+    GPU milli in steady state (Little's law; GPU pods bring 1000 milli cpu on average too)."""
+    gpu_cap = sum(n.gpu_count for n in nodes) * 1000.0
+    mean_gpu = whole_share * 1000.0 * float(np.dot(WHOLE_GPUS, WHOLE_GPUS_P)) + (1 - whole_share) * np.mean(SHARE_MILLI)
+    r_gpu = gpu_target * gpu_cap / (mean_gpu * mean_duration_s) if gpu_cap else 0.0
+    cpu_cap = sum(n.cpu_milli for n in nodes)
+    r_cpu = max(target * cpu_cap - r_gpu * 1000.0 * mean_duration_s, 0.0) / (1000.0 * mean_duration_s)
+    return r_cpu, r_gpu
+
+
+def pressure(nodes: list[Node], horizon_s: float = 3600.0, rate: float | None = None, seed: int = 0,
+             curve: LoadCurve | None = None, target: float = 0.9, gpu_target: float = 0.0,
+             whole_gpu_share: float = 0.4, ls_fraction: float = 0.3, burst_factor: float = 1.0,
+             burst_every_s: float = 300.0, burst_len_s: float = 60.0, mean_duration_s: float = 300.0,
+             warm_start: bool = True) -> list[Pod]:
+    """Independent pods that keep ``target`` of the cluster cpu requested in steady state (and ``gpu_target``
+    of its GPUs, mixed whole and fractional GPU pods), LS web pods of 10 services and BE pods, durations
+    exponential (mean ``mean_duration_s``), optionally bursts (``burst_factor`` times the rate inside
+    ``burst_len_s`` windows, mean rate unchanged). The curve defaults to flat: the pressure is steady.
+    ``warm_start``: the steady-state population (Poisson, mean rate x mean duration per stream) arrives at
+    t = 0, so the cluster is under pressure from the first minute instead of after one mean duration.
+    ``rate`` (pods/s), when given, scales both streams to it."""
+    rng = np.random.default_rng(seed)
+    curve = curve if curve is not None else flat_curve()
+    gpu_ok = _has_gpu(nodes)
+    r_cpu, r_gpu = pressure_rates(nodes, target, gpu_target if gpu_ok else 0.0, whole_gpu_share, mean_duration_s)
+    if rate is not None:
+        k = rate / max(r_cpu + r_gpu, 1e-12)
+        r_cpu, r_gpu = r_cpu * k, r_gpu * k
+    extra = _bursts(rng, horizon_s, burst_every_s, burst_len_s, burst_factor)
+    pods = []
+    for stream, r in (("pressure", r_cpu), ("gpu", r_gpu)):
+        if r <= 0:
+            continue
+        times = arrival_times(curve, horizon_s, r, rng, extra=extra)
+        if warm_start:
+            times = np.concatenate([np.zeros(rng.poisson(r * mean_duration_s)), times])
+        for k, t in enumerate(times):
+            cpu, mem = _size(rng)
+            if rng.random() < ls_fraction:
+                svc = f"web-{int(rng.integers(10))}"
+                kw = {"qos": "LS", "service": svc, "labels": {"app": svc}}
+            else:
+                kw = {"qos": "BE", "tolerations": (BATCH_TOLERATION,)}
+            if stream == "gpu":
+                kw.update(_gpu_pod_fields(rng, whole_gpu_share))
+            pods.append(_pod(stream, k, t, max(10.0, float(rng.exponential(mean_duration_s))), cpu, mem, **kw))
+    return _by_time(pods)
+
+
+PRESSURE_VARIANTS: dict[str, dict] = {  # name -> options of ``pressure``
+    "pressure_load": {"target": 0.95, "gpu_target": 0.5},
+    "pressure_gpu_frag": {"target": 0.85, "gpu_target": 1.0, "whole_gpu_share": 0.4},
+    "pressure_burst": {"target": 0.9, "gpu_target": 0.5, "burst_factor": 6.0},
+    "pressure_node_loss": {"target": 0.9, "gpu_target": 0.5},
+}
+PRESSURE_PENDING_TIMEOUT_S = 300.0  # a pressure run counts a pod pending this long as unschedulable
+NODE_LOSS = {"pressure_node_loss": (1 / 3, 0.2, 1 / 3)}  # name -> (at, share of nodes, for), times x horizon
+
+
+def _variant(options: dict) -> Callable[..., list[Pod]]:
+    def gen(nodes: list[Node], horizon_s: float = 3600.0, rate: float | None = None, seed: int = 0,
+            curve: LoadCurve | None = None, **more) -> list[Pod]:
+        return pressure(nodes, horizon_s, rate, seed, curve, **{**options, **more})
+    return gen
+
+
+def sim_options(name: str, horizon_s: float) -> dict[str, float]:
+    """The ``SimConfig`` fields a named workload runs with: for the pressure variants a shorter pending
+    timeout and, for ``pressure_node_loss``, the scripted loss of 20 % of the nodes from a third of the
+    horizon to two thirds; {} for the others."""
+    if name not in PRESSURE_VARIANTS:
+        return {}
+    out = {"pending_timeout_s": PRESSURE_PENDING_TIMEOUT_S}
+    if name in NODE_LOSS:
+        at, share, length = NODE_LOSS[name]
+        out.update(node_loss_at_s=at * horizon_s, node_loss_fraction=share, node_loss_s=length * horizon_s)
+    return out
+
+
 Generator = Callable[..., list[Pod]]
 SYNTHETIC_WORKLOADS: dict[str, Generator] = {
     "diurnal": diurnal, "burst": burst, "batch_online_mix": batch_online_mix, "affinity_heavy": affinity_heavy,
+    **{name: _variant(options) for name, options in PRESSURE_VARIANTS.items()},
 }
 
 
