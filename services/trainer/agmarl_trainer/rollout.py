@@ -11,9 +11,12 @@ Two protocols, both from ``agmarl_common.core.sim`` (the same code the benchmark
 - dynamic (time-driven simulator): every tick the pending pods form one batch of agents; each picks a
   candidate, an arbiter binds them in order and re-checks each pick on the state left by the earlier
   ones (``filter_node``, via ``sim.dynamic.bind``); a refused pick stays pending. The round's reward is
-  ``agmarl_common.core.reward.total_reward`` of the cluster after the round (the reward defined once).
+  ``agmarl_common.core.reward.total_reward`` of the cluster after the round (the reward defined once);
+  each agent also carries its own credit (``Sample.credit``): ``core.credit.difference_reward`` of its
+  placement against a reference policy's placement of the same pod on the round's cluster (kube-default
+  by default; a refused pick counts as left pending).
 
-Samples are ``Sample(graph, label, logp, reward, done)`` over numpy graphs; ``collate`` batches them
+Samples are ``Sample(graph, label, logp, reward, done, credit)`` over numpy graphs; ``collate`` batches them
 into one disjoint graph of tensors for the networks.
 """
 
@@ -29,8 +32,10 @@ from torch import Tensor
 
 from agmarl_common.core.cluster.filters import feasible_mask, feasible_nodes, violations
 from agmarl_common.core.cluster.model import GPU_MILLI, ClusterState, Node, Pod, bind
+from agmarl_common.core.credit import difference_reward
 from agmarl_common.core.features import FeatureContext, HeteroGraph, build_graph, device_for
-from agmarl_common.core.policies.base import PolicyBase
+from agmarl_common.core.policies.base import PolicyBase, select_node
+from agmarl_common.core.policies.kube import KubeDefaultPolicy
 from agmarl_common.core.reward import Outcomes, reward_components, total_reward
 from agmarl_common.core.sim import dynamic, inflation
 from agmarl_common.core.sim.inflation import inflate_workload, pick_node
@@ -47,6 +52,7 @@ class Sample:
     logp: float = 0.0  # joint log-probability of the actions under the behaviour policy
     reward: float = 0.0
     done: bool = False
+    credit: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (P,) per-agent difference reward
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,15 +248,34 @@ def _round_reward(state: dynamic.SimState, before: dynamic.SimCounters) -> float
     return total_reward(reward_components(state.cluster, outcomes))
 
 
+def _credits(pods: Sequence[Pod], cands: Sequence[np.ndarray], cluster: ClusterState,
+             placed: Sequence[tuple[int | None, tuple[int, ...]]], reference, ctx: FeatureContext) -> np.ndarray:
+    """(P,) each agent's difference reward against ``reference``'s pick of its pod on the round's cluster."""
+    out = np.zeros(len(pods))
+    for k, (pod, c, (node, gpus)) in enumerate(zip(pods, cands, placed)):
+        ref = select_node(reference, pod, cluster, c)
+        ref_gpus = (device_for(pod, cluster, ref, ctx) if pod.num_gpu else ()) if ref is not None else ()
+        if ref is not None and ref_gpus is None:
+            ref = None
+        out[k] = difference_reward(cluster, pod, node, gpus, ref, tuple(ref_gpus or ())).total
+    return out
+
+
 def run_dynamic_episode(nodes: Sequence[Node], workload: Sequence[Pod], seed: int, config: dynamic.SimConfig, *,
                         expert=None, scorer: GraphScorer | None = None, sample: bool = False,
                         rng: np.random.Generator | None = None, max_agents: int = 16,
-                        record_prob: float = 1.0) -> tuple[list[Sample], dict[str, float]]:
+                        record_prob: float = 1.0, credit_reference=None,
+                        credit: bool | None = None) -> tuple[list[Sample], dict[str, float]]:
     """Tick the dynamic simulator; each tick up to ``max_agents`` pending pods act jointly.
 
     Expert mode records the expert's pick per pod (labels); scorer mode picks argmax or samples. The
     arbiter binds picks in pod order through ``dynamic.bind`` (hard filter re-run on the updated state):
-    a pick made stale by an earlier one is refused and the pod stays pending for the next tick."""
+    a pick made stale by an earlier one is refused and the pod stays pending for the next tick.
+    With ``credit``, each recorded agent gets its difference reward against ``credit_reference``
+    (a Policy; kube-default when None) on the round's cluster (``Sample.credit``). ``credit=None``: on when a
+    scorer acts (the experience RL learns from), off for an expert's labels (it about doubles an episode's cost)."""
+    reference = credit_reference if credit_reference is not None else KubeDefaultPolicy()
+    credit = scorer is not None if credit is None else credit
     rng = rng if rng is not None else np.random.default_rng(seed)
     state = dynamic.reset(nodes, workload, config, seed)
     ctx = FeatureContext.from_workload(workload, dynamic.OBJECTIVE)
@@ -295,14 +320,17 @@ def run_dynamic_episode(nodes: Sequence[Node], workload: Sequence[Pod], seed: in
                     j = int(np.argmax(lk))
                 actions[k] = off + j
                 off += c.size
+        placed: list[tuple[int | None, tuple[int, ...]]] = []
         for k, pod in enumerate(pods):  # the arbiter: earlier picks first, each re-checked
             node = int(graph.cand_node[actions[k]])
             gpus = device_for(pod, state.cluster, node, ctx) if pod.num_gpu else ()
-            state, _ = dynamic.bind(state, pod.key, state.cluster.nodes[node].name, gpus)
+            state, outcome = dynamic.bind(state, pod.key, state.cluster.nodes[node].name, gpus)
+            placed.append((node, tuple(gpus if gpus is not None else ())) if outcome.ok else (None, ()))
         r = _round_reward(state, before)
         rewards.append(r)
         if rng.random() < record_prob:
-            samples.append(Sample(graph, actions, logp, r))
+            credits = _credits(pods, cands, cluster, placed, reference, ctx) if credit else np.zeros(0)
+            samples.append(Sample(graph, actions, logp, r, credit=credits))
     if samples:
         samples[-1].done = True
     stats = dynamic.snapshot_stats(state)

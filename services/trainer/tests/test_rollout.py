@@ -2,6 +2,7 @@
 batching and segment softmax."""
 
 import numpy as np
+import pytest
 import torch
 
 from agmarl_common.core.cluster.model import Node, Pod
@@ -74,3 +75,48 @@ def test_collate_offsets_and_segment_softmax():
     ref = torch.cat([torch.log_softmax(logits[:3], 0), torch.log_softmax(logits[3:6], 0),
                      torch.log_softmax(logits[6:], 0)])
     assert torch.allclose(out, ref, atol=1e-6)
+
+
+def test_each_agent_carries_its_own_difference_reward():
+    from agmarl_common.core.credit import difference_reward
+    from agmarl_common.core.policies.kube import KubeDefaultPolicy
+    from agmarl_common.core.policies.rewardaware import RewardAwarePolicy
+    from agmarl_common.core.sim import synthetic
+
+    nodes = synthetic.synthetic_cluster(8, seed=1)
+    pods = [p for p in synthetic.generate("pressure_load", nodes, horizon_s=60, seed=1) if not p.num_gpu]
+    cfg = dynamic.SimConfig(tick_s=5.0, horizon_s=60)
+    # the expert is its own reference: every agent the arbiter bound did exactly what the reference does
+    same, _ = run_dynamic_episode(nodes, pods, 1, cfg, expert=KubeDefaultPolicy(), credit=True)
+    assert same and all(s.credit.shape == (s.graph.n_pods,) for s in same)
+    assert max(s.graph.n_pods for s in same) > 1
+    assert all(c <= 1e-12 for s in same for c in s.credit)  # 0, or negative for a refused pick
+    assert sum(c == 0.0 for s in same for c in s.credit) > 0.9 * sum(s.graph.n_pods for s in same)
+    # another expert: its agents' credits differ from each other and from the round's shared reward
+    other, _ = run_dynamic_episode(nodes, pods, 1, cfg, expert=RewardAwarePolicy(), credit=True)
+    credits = np.concatenate([s.credit for s in other])
+    assert (credits > 0).any() and len(set(credits.round(9))) > 3
+    # and each is the core difference reward of that agent's pick on the round's cluster
+    first = other[0]
+    state, _ = dynamic.advance(dynamic.reset(nodes, pods, cfg, 1), cfg.tick_s, cfg)
+    pod = next(pp.pod for pp in state.pending.values())
+    mine = int(first.graph.cand_node[first.action[0]])
+    ref = int(first.graph.cand_node[first.graph.cand_pod == 0][np.argmax(
+        KubeDefaultPolicy().score(pod, state.cluster, first.graph.cand_node[first.graph.cand_pod == 0]))])
+    want = difference_reward(state.cluster, pod, mine, (), ref, ()).total
+    assert first.credit[0] == pytest.approx(want)
+
+
+def test_credit_is_on_for_a_scorer_off_for_expert_labels_unless_asked():
+    from agmarl_common.core.policies.kube import KubeDefaultPolicy
+    from agmarl_common.core.sim import synthetic
+
+    nodes = synthetic.synthetic_cluster(6, seed=1)
+    pods = synthetic.generate("diurnal", nodes, horizon_s=60, seed=1)
+    cfg = dynamic.SimConfig(tick_s=5.0, horizon_s=60)
+    first = lambda g: -g.cand_node.astype(np.float64)  # noqa: E731
+    acted, _ = run_dynamic_episode(nodes, pods, 1, cfg, scorer=first)
+    assert acted and all(s.credit.shape == (s.graph.n_pods,) for s in acted)
+    off, _ = run_dynamic_episode(nodes, pods, 1, cfg, scorer=first, credit=False)
+    labels, _ = run_dynamic_episode(nodes, pods, 1, cfg, expert=KubeDefaultPolicy())
+    assert all(s.credit.size == 0 for s in off + labels)
