@@ -68,12 +68,7 @@ def _dynamic_job(spec: EvalSpec, nodes, pods, policy: Policy, seed: int) -> dict
 
 def window_reward(state: dynamic.SimState, before: dynamic.SimCounters, n_violations: int) -> dict[str, float]:
     """Composite reward of the window since the counters ``before``: components and "total"."""
-    c, b = state.counters, before
-    out = reward.Outcomes(pending=len(state.pending), scheduled=c.bound - b.bound,
-                          failed=(c.unschedulable - b.unschedulable) + (c.evicted - b.evicted)
-                          + (c.bind_rejected - b.bind_rejected),
-                          violations=n_violations)
-    comps = reward.reward_components(state.cluster, out)
+    comps = reward.reward_components(state.cluster, dynamic.window_outcomes(state, before, n_violations))
     return {**comps, "total": reward.total_reward(comps)}
 
 

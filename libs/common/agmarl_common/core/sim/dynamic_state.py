@@ -16,6 +16,7 @@ import numpy as np
 
 from agmarl_common.core.cluster.model import ClusterState, Node, Pod
 from agmarl_common.core.cluster import metrics as state_metrics
+from agmarl_common.core.reward import Outcomes
 from agmarl_common.core.sim import metrics
 
 EVENT_TYPES = ("pod_added", "pod_bound", "pod_deleted", "pod_failed", "pod_evicted",
@@ -137,6 +138,15 @@ class SimState:
             node = node[1]
         return np.array(out[::-1], dtype=np.float64)
 
+
+
+def window_outcomes(state: SimState, before: SimCounters, violations: int = 0) -> Outcomes:
+    """What happened since the counters ``before``, as the composite reward reads it: pods still pending,
+    pods bound, pods that failed (unschedulable, evicted or refused at bind)."""
+    c, b = state.counters, before
+    return Outcomes(pending=len(state.pending), scheduled=c.bound - b.bound,
+                    failed=(c.unschedulable - b.unschedulable) + (c.evicted - b.evicted)
+                    + (c.bind_rejected - b.bind_rejected), violations=violations)
 
 
 def snapshot_stats(state: SimState, threshold: float = state_metrics.SLA_CPU_THRESHOLD) -> dict[str, float]:

@@ -26,7 +26,7 @@ from agmarl_common.core.cluster.filters import feasible_nodes
 from agmarl_common.core.cluster.model import ClusterState, Pod
 from agmarl_common.core.policies.base import Policy, PolicyBase, select_node
 from agmarl_common.core.policies.registry import get_policy, register_policy
-from agmarl_common.core.reward import Outcomes, reward_components, total_reward
+from agmarl_common.core.reward import reward_components, total_reward
 from agmarl_common.core.sim import dynamic
 
 
@@ -62,11 +62,7 @@ def base_pass(policy: Policy, state: dynamic.SimState, limit: int, skip: str = "
 
 def window_value(state: dynamic.SimState, before: dynamic.SimCounters) -> float:
     """Composite reward (fixed weights) of the window since the counters ``before``, as ``agmarl eval`` scores one."""
-    c = state.counters
-    out = Outcomes(pending=len(state.pending), scheduled=c.bound - before.bound,
-                   failed=(c.unschedulable - before.unschedulable) + (c.evicted - before.evicted)
-                   + (c.bind_rejected - before.bind_rejected))
-    return total_reward(reward_components(state.cluster, out))
+    return total_reward(reward_components(state.cluster, dynamic.window_outcomes(state, before)))
 
 
 def rollout(state: dynamic.SimState, config: dynamic.SimConfig, pod: Pod, node: int, gpus: tuple[int, ...],
