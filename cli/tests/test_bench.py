@@ -22,20 +22,6 @@ from agmarl_common.core.sim.traces import GPU_NODES, openb_node_path, openb_pod_
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="session")
-def smoke_model(tmp_path_factory, model_keys) -> Path:
-    """A small trained model (smoke config), shared by every test module of the session, signed with the
-    session's throwaway key."""
-    out = tmp_path_factory.getbasetemp() / "agmarl-smoke-model"
-    if not (out / "manifest.json").is_file():
-        run = subprocess.run([sys.executable, "-m", "agmarl_trainer.cli", "--config", "configs/train/smoke.yaml",
-                              "--out", str(out), "--runs-dir", str(out.parent / "agmarl-smoke-runs")],
-                             cwd=REPO, capture_output=True, text=True, timeout=300)
-        assert run.returncode == 0, run.stderr[-3000:]
-    model_keys.sign(out)
-    return out
-
-
 @pytest.fixture(autouse=True)
 def trusted_test_models(trusted_model_env, tmp_path_factory, monkeypatch):
     """This process and the bench it starts trust the throwaway key and load folders from models/ and the

@@ -29,6 +29,8 @@ from agmarl_common.runtime.messages import HealthStatus
 from agmarl_common.serving.modelstore import TRUSTED_KEYS_DIR, ModelTrust
 from agmarl_common.runtime.natsserver import NatsServer
 
+REPO_ROOT = Path(__file__).resolve().parents[3]  # libs/testing/agmarl_testing/fixtures.py -> the checkout
+
 
 class ServiceProcess:
     """A Python module run as ``python -m <module>`` with its output captured to a log file."""
@@ -180,3 +182,17 @@ def trusted_model_env(model_keys: ModelKeys, monkeypatch: pytest.MonkeyPatch) ->
     for name, value in model_keys.env.items():
         monkeypatch.setenv(name, value)
     return model_keys
+
+
+@pytest.fixture(scope="session")
+def smoke_model(tmp_path_factory: pytest.TempPathFactory, model_keys: ModelKeys) -> Path:
+    """A small trained model (the smoke config, trained once per session with the trainer's CLI), signed with
+    the session's throwaway key."""
+    out = tmp_path_factory.getbasetemp() / "agmarl-smoke-model"
+    if not (out / "manifest.json").is_file():
+        run = subprocess.run([sys.executable, "-m", "agmarl_trainer.cli", "--config", "configs/train/smoke.yaml",
+                              "--out", str(out), "--runs-dir", str(out.parent / "agmarl-smoke-runs")],
+                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-3000:]
+    model_keys.sign(out)
+    return out
