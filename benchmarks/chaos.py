@@ -7,15 +7,17 @@ supervision loop (``System.supervise`` every 0.2 s, restarts with backoff). Each
 or ``stop`` (SIGSTOP for ``--stop-seconds``, then SIGCONT) of one service or the nats-server. After each
 fault the benchmark waits until decisions flow again (a pod bound by a decision made after the fault ended),
 then ``--steady`` seconds before the next fault. At the end it stops inference (no new decisions), waits
-``--ack-wait`` + 10 s so unacked decisions are redelivered and settled, and reads the DECISIONS and
-EXPERIENCE streams and the last snapshot.
+``--ack-wait`` + 10 s so unacked decisions are redelivered and settled, and reads the DECISIONS stream and
+the last snapshot. Experiences are recorded as they are stored (``ExperienceLog``, from the start): the
+EXPERIENCE stream keeps 1 GiB and drops its oldest beyond that, which a full run exceeds.
 
 Per fault (each decision is counted in the window of the fault that precedes its ``decided_at``):
 
 - lost: acknowledged decisions (on the DECISIONS stream) with a node, for pods of the current cluster that
   are still pending at the end, never bound or refused (a ``pod_bound``/``bind_rejected`` event naming them);
 - decided twice: pods (of one cluster epoch) with more placement decisions than refused binds + 1; bound
-  twice: pods with two ``pod_bound`` events in one epoch;
+  twice: pods with two ``pod_bound`` events in one epoch (an event is one ``(epoch, seq)``: the state-collector
+  publishes a decision's outcome again, with the same sequence number, when storing it failed in a NATS crash);
 - bound w/o exp: ``pod_bound`` decisions with no Experience (id = decision id) on the EXPERIENCE stream;
 - violations: the largest hard-filter violation count a snapshot reported in the window;
 - recover s: fault end (the kill, or the SIGCONT) to the first pod bound by a decision made after it;
@@ -69,6 +71,7 @@ class Fault:
     recover_s: float | None = None  # None: decisions did not flow again within the bound
     stall_s: float | None = None  # the longest time without a pod bound, from the last bind before the fault on
     counts: dict[str, int] = field(default_factory=dict)
+    examples: list[str] = field(default_factory=list)  # bound decisions without experience (their ids)
 
 
 class Recorder:
@@ -77,6 +80,7 @@ class Recorder:
     def __init__(self) -> None:
         self.decided: dict[str, float] = {}  # decision id -> wall time it was seen
         self.events: list[m.ClusterEvent] = []
+        self.seen: set[tuple[str, int]] = set()  # (epoch, seq) of the events recorded
         self.bound_at: list[float] = []  # wall time of each pod_bound event, in arrival order
         self.epochs: list[str] = []  # in order of appearance
         self.last_snapshot: m.ClusterSnapshot | None = None
@@ -93,6 +97,9 @@ class Recorder:
 
     async def on_event(self, msg) -> None:
         event = m.decode(m.ClusterEvent, msg.data)
+        if (event.epoch, event.seq) in self.seen:  # the same event again (a store retried after a NATS crash)
+            return
+        self.seen.add((event.epoch, event.seq))
         self.events.append(event)
         self._epoch(event.epoch)
         if event.type == "pod_bound":
@@ -154,16 +161,40 @@ class DecisionRef(NamedTuple):
         return cls(d.decision_id, d.pod_key, d.node, d.seen_at, d.decided_at)
 
 
-async def settled(bus: Bus, stream: str, quiet: float, timeout: float) -> None:
-    """Wait until ``stream`` has gained no message for ``quiet`` seconds (bounded by ``timeout``): the
-    reward-calculator has worked through its backlog."""
-    deadline = time.monotonic() + timeout
-    count, since = -1, time.monotonic()
-    while time.monotonic() < deadline and time.monotonic() - since < quiet:
-        now = (await bus.js.stream_info(stream)).state.messages
-        if now != count:
-            count, since = now, time.monotonic()
-        await asyncio.sleep(1.0)
+class ExperienceLog:
+    """The ids of every Experience stored, read as they come (an ordered consumer from the stream's start that
+    resumes after a NATS restart): the EXPERIENCE stream keeps 1 GiB and drops its oldest messages beyond that
+    (a run of ~10,000 decisions on 50 nodes writes more), so reading it only at the end would miss the first."""
+
+    def __init__(self) -> None:
+        self.ids: set[str] = set()
+        self.last = time.monotonic()  # when the last one came
+
+    async def follow(self, bus: Bus, subject: str, stop: asyncio.Event) -> None:
+        sub = None
+        while sub is None and not stop.is_set():
+            try:
+                sub = await bus.js.subscribe(subject, ordered_consumer=True)
+            except Exception:  # noqa: BLE001 - the reward-calculator has not created the stream yet
+                await asyncio.sleep(0.5)
+        try:
+            while not stop.is_set():
+                try:
+                    msg = await sub.next_msg(timeout=0.5)
+                except asyncio.TimeoutError:
+                    continue
+                self.ids.add(experience_id(msg))
+                self.last = time.monotonic()
+        finally:
+            if sub is not None:
+                await sub.unsubscribe()
+
+    async def settled(self, quiet: float, timeout: float) -> None:
+        """Wait until no experience has come for ``quiet`` seconds (bounded by ``timeout``): the
+        reward-calculator has worked through its backlog."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and time.monotonic() - self.last < quiet:
+            await asyncio.sleep(0.5)
 
 
 def scrape(url: str, family: str) -> dict[str, float]:
@@ -230,6 +261,7 @@ def tally(faults: list[Fault], rec: Recorder, decisions: list[DecisionRef], expe
         w = window(d.decided_at) if d else None
         if w is not None and e.decision_id not in experience_ids:
             faults[w].counts["bound_without_experience"] += 1
+            faults[w].examples.append(e.decision_id)
     for t, v in rec.violations:
         w = window(t)
         if w is not None:
@@ -281,7 +313,9 @@ async def run(faults: list[Fault], root: Path, nodes: int = 50, stop_seconds: fl
     rec, lines, collector_kills = Recorder(), [], []
     stop = asyncio.Event()
     bus: Bus | None = None
+    reader: Bus | None = None
     supervisor: asyncio.Task | None = None
+    experiences, following, follower = ExperienceLog(), asyncio.Event(), None
     try:
         system.start_nats()
         env = {**local_model_keys(root), "AGMARL_CLUSTER": CLUSTER, "AGMARL_SIM_NODES": str(nodes),
@@ -295,6 +329,11 @@ async def run(faults: list[Fault], root: Path, nodes: int = 50, stop_seconds: fl
         status = await wait_all_healthy(bus, 120.0)
         if any(v != "healthy" for v in status.values()):
             raise RuntimeError(f"not healthy: {status}; logs in {system.log_dir}")
+        # EXPERIENCE is the trainer's to read (proto/permissions.md): read it as the trainer
+        reader = await Bus.connect(system.nats_url, "agmarl-chaos-experience", auth=NatsAuth(
+            seed_file=str(system.creds.seed("trainer")), identity="trainer"))
+        follower = asyncio.get_running_loop().create_task(
+            experiences.follow(reader, subjects.experience(CLUSTER), following))
         supervisor = asyncio.get_running_loop().create_task(supervise(system, stop, lines))
         if await rec.flowing_after(time.time(), recover_timeout) is None:
             raise RuntimeError(f"no decisions flowing before the first fault; logs in {system.log_dir}")
@@ -313,33 +352,37 @@ async def run(faults: list[Fault], root: Path, nodes: int = 50, stop_seconds: fl
         await asyncio.to_thread(system.procs["inference"].wait, 30)
         await asyncio.sleep(ack_wait + 10.0)  # unacked decisions redelivered and settled, snapshots current
         decisions = await read_stream(bus, subjects.decision_wildcard(CLUSTER), DecisionRef.of)
-        # EXPERIENCE is the trainer's to read (proto/permissions.md): read it as the trainer
-        reader = await Bus.connect(system.nats_url, "agmarl-chaos-experience", auth=NatsAuth(
-            seed_file=str(system.creds.seed("trainer")), identity="trainer"))
         # the reward-calculator's decision consumer, as the reward-calculator sees it
         rc = await Bus.connect(system.nats_url, "agmarl-chaos-rc", auth=NatsAuth(
             seed_file=str(system.creds.seed("reward-calculator")), identity="reward-calculator"))
         try:
-            await settled(reader, subjects.EXPERIENCE.name, quiet=10.0, timeout=settle_timeout)
-            experience = await read_stream(reader, subjects.experience(CLUSTER), experience_id)
+            await experiences.settled(quiet=10.0, timeout=settle_timeout)
+            experience = set(experiences.ids)
+            stored = (await reader.js.stream_info(subjects.EXPERIENCE.name)).state.messages
             info = await rc.js.consumer_info(subjects.DECISIONS.name, subjects.durable("reward-calculator", CLUSTER))
             reward_consumer = {"pending": info.num_pending, "ack_pending": info.num_ack_pending,
                                "redelivered": info.num_redelivered}
         finally:
-            await reader.close()
             await rc.close()
         unrewarded = scrape(system.metrics_urls()["reward-calculator"], "agmarl_decisions_unrewarded_total")
+        published = scrape(system.metrics_urls()["reward-calculator"], "agmarl_experience_published_total")
+        recalled = scrape(system.metrics_urls()["reward-calculator"], "agmarl_outcomes_recalled_total")
     finally:
         stop.set()
+        following.set()
         if supervisor is not None and not supervisor.done():
             await supervisor
-        if bus is not None:
-            await bus.close()
+        if follower is not None:
+            await follower
+        for conn in (bus, reader):
+            if conn is not None:
+                await conn.close()
         system.stop()
-    tally(faults, rec, decisions, set(experience), collector_kills)
+    tally(faults, rec, decisions, experience, collector_kills)
     return {"faults": [asdict(f) for f in faults], "decisions": len(decisions), "experience": len(experience),
             "epochs": len(rec.epochs), "supervision": system.report(), "supervisor_log": lines,
             "nodes": nodes, "stop_seconds": stop_seconds, "ack_wait": ack_wait, "unrewarded": unrewarded,
+            "experience_published": published, "outcomes_recalled": recalled, "experience_stored_at_end": stored,
             "reward_consumer": reward_consumer}
 
 
@@ -383,10 +426,13 @@ def main() -> int:
                                  args.steady, args.recover_timeout, args.ack_wait,
                                  log=lambda s: print(s, file=sys.stderr, flush=True)))
     print(table(result))
-    print(f"decisions {result['decisions']}, experience {result['experience']}, cluster epochs {result['epochs']}; "
+    print(f"decisions {result['decisions']}, experience {result['experience']} (the stream holds the last "
+          f"{result['experience_stored_at_end']}), cluster epochs {result['epochs']}; "
           f"restarts {json.dumps({k: v['restarts'] for k, v in result['supervision'].items() if v['restarts']})}")
     print(f"reward-calculator's unrewarded decisions (last process): {json.dumps(result['unrewarded'])}; its "
           f"decision consumer at the end: {json.dumps(result['reward_consumer'])}")
+    print(f"last reward-calculator: experience by what it lacks {json.dumps(result['experience_published'])}; bind "
+          f"outcomes read back from EVENTS at its start {json.dumps(result['outcomes_recalled'])}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     return 0

@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     nc = sub.add_parser("nats-creds", help="NATS identities: make, rotate, export as Kubernetes Secrets (docs/security.md)")
     nc.add_argument("--dir", default=None, help="credentials directory (default $AGMARL_NATS_CREDS_DIR, else "
                     "<state>/nats-creds)")
-    nc.add_argument("--rotate", action="append", default=[], metavar="NAME", help="new seed for this identity")
+    nc.add_argument("--rotate", action="append", default=[], metavar="NAME", help="new seed for this identity ('routes': a new route password for the NATS cluster)")
     nc.add_argument("--k8s", action="store_true", help="print Kubernetes Secrets (for kubectl apply -f -)")
     nc.add_argument("--namespace", default="agmarl")
     nc.add_argument("--container-readable", action="store_true",

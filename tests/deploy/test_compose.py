@@ -1,14 +1,22 @@
-"""docker-compose.yml and the service Dockerfiles, checked as files (no Docker engine here)."""
+"""docker-compose.yml and the service Dockerfiles, checked as files (no Docker engine here); each image's
+HEALTHCHECK command is run as Docker would, against the health endpoints a service serves."""
 from __future__ import annotations
 
 import importlib
+import json
+import os
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from prometheus_client import CollectorRegistry
+
+from agmarl_common.runtime.metrics import start_metrics_server, stop_metrics_server
 from agmarl_common.runtime.settings import CommonSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -208,6 +216,35 @@ def test_dockerfile(service: str):
     package = ROOT / "services" / service / module_of(service)
     assert (package / "__main__.py").is_file(), f"{package}/__main__.py"
     assert "HEALTHCHECK" in words and "EXPOSE" in words
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_healthcheck_asks_the_liveness_endpoint(service: str):
+    """The image's HEALTHCHECK (exec form, run with the image's AGMARL_METRICS_PORT) asks the runtime's /healthz,
+    not /metrics: it passes while the service is live and fails when /healthz answers 503 (NATS gone past its
+    grace, a stuck handler, a stalled event loop), though /metrics still answers."""
+    (args,) = [a for w, a in dockerfile(service) if w == "HEALTHCHECK"]
+    options, _, cmd = args.partition(" CMD ")
+    flags = dict(o.lstrip("-").split("=", 1) for o in options.split())
+    assert float(flags["timeout"].rstrip("s")) >= 5 and int(flags["retries"]) >= 3  # a loaded machine answers late
+    command = json.loads(cmd)
+    assert command[:2] == ["python", "-c"] and "/healthz" in command[2] and "/metrics" not in command[2]
+    image_env = " ".join(a for w, a in dockerfile(service) if w == "ENV")
+    assert "AGMARL_METRICS_PORT=9100" in image_env  # the port the command falls back to is the image's
+    live = {"ok": True}
+    port = start_metrics_server(CollectorRegistry(), "127.0.0.1", 0, routes={
+        "/healthz": lambda: (200, {"status": "live"}) if live["ok"] else (503, {"status": "not live"}),
+        "/readyz": lambda: (200, {"status": "ready"})})
+    try:
+        def healthcheck() -> int:
+            env = {**os.environ, "AGMARL_METRICS_PORT": str(port)}
+            return subprocess.run([sys.executable, *command[1:]], env=env, capture_output=True, timeout=30).returncode
+
+        assert healthcheck() == 0
+        live["ok"] = False
+        assert healthcheck() != 0
+    finally:
+        stop_metrics_server(port)
 
 
 def test_requirements_split_keeps_torch_out_of_serving_images():

@@ -1,18 +1,28 @@
 """Kubernetes manifests: every overlay is built with `kubectl kustomize`, every rendered object is
 validated against the Kubernetes API models (kubernetes client: pydantic, unknown fields rejected),
 and the deployment's promises on the rendered output: one namespace, references that resolve, probes,
-resources and unprivileged containers, metrics for Prometheus, least-privilege RBAC (the scheduler
-configuration, rollout modes and NATS: test_kustomize_config.py)."""
+resources and unprivileged containers, metrics for Prometheus, least-privilege RBAC, the model signing key and
+trusted public keys mounted where the services' settings read them (the scheduler configuration, rollout modes
+and NATS: test_kustomize_config.py)."""
 from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import kubernetes.client
 import pytest
 
+from agmarl_adaptive_engine.settings import AdaptiveSettings
+from agmarl_common.runtime.settings import load_settings
+from agmarl_common.serving import modelstore, signing
+from agmarl_inference.settings import InferenceSettings
+from agmarl_trainer.settings import TrainerSettings
+
 from .test_compose import SERVICES
 from .kustomize import (
+    ROOT,
+    configmap,
     EXTENDER_OVERLAYS,
     NAMESPACE,
     OVERLAYS,
@@ -150,6 +160,85 @@ def test_liveness_and_readiness_reflect_nats_and_handlers(overlay: str):
         assert container["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}, service
         assert container["readinessProbe"]["httpGet"]["path"] == "/readyz", service
         assert {"name": "metrics", "containerPort": 9100} in container["ports"], service
+
+
+# --- model signing ------------------------------------------------------------------------------
+
+MODEL_LOADERS = {"inference": InferenceSettings, "adaptive-engine": AdaptiveSettings, "trainer": TrainerSettings}
+RELEASE_KEYS = "agmarl-release-model-keys"  # generated in base (hash suffix)
+OPERATOR_KEYS = "agmarl-trusted-model-keys"  # the operator's, optional
+SIGNING_SECRET = "agmarl-model-signing"
+
+
+def mounted_volume(spec: dict, container: dict, path: str) -> tuple[dict, str]:
+    """(the volume mounted at the directory holding ``path``, or at ``path`` itself; the mount's path)."""
+    for mount in container.get("volumeMounts", []):
+        if path == mount["mountPath"] or path.startswith(mount["mountPath"] + "/"):
+            assert mount.get("readOnly") is True, mount
+            (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+            return volume, mount["mountPath"]
+    raise AssertionError(f"nothing is mounted at {path}")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_model_loaders_trust_the_release_key_and_the_operator_s_keys(overlay: str):
+    """inference, the adaptive-engine and the trainer read AGMARL_TRUSTED_MODEL_KEYS: a mounted directory of
+    *.pub holding the shipped release key (a generated ConfigMap) and the operator's optional ConfigMap; the
+    services that load no model get neither."""
+    release = configmap(overlay, RELEASE_KEYS)["metadata"]["name"]
+    for service in SERVICES:
+        spec = pod_spec(one(overlay, "Deployment", service))
+        container = spec["containers"][0]
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        if service not in MODEL_LOADERS:
+            assert "AGMARL_TRUSTED_MODEL_KEYS" not in env and "AGMARL_MODEL_SIGNING_KEY" not in env, service
+            continue
+        keys_dir = env["AGMARL_TRUSTED_MODEL_KEYS"]
+        settings = load_settings(MODEL_LOADERS[service], environ={"AGMARL_TRUSTED_MODEL_KEYS": keys_dir})
+        assert settings.trusted_model_keys == keys_dir, service  # the name the service's settings read
+        volume, mount_path = mounted_volume(spec, container, keys_dir)
+        assert mount_path == keys_dir, service  # the directory itself: every *.pub in it is trusted
+        sources = volume["projected"]["sources"]
+        (shipped,) = [s["configMap"] for s in sources if s["configMap"]["name"] == release]
+        assert [item["path"].endswith(signing.PUBLIC_SUFFIX) for item in shipped["items"]] == [True], service
+        (own,) = [s["configMap"] for s in sources if s["configMap"]["name"] == OPERATOR_KEYS]
+        assert own.get("optional") is True and "items" not in own, service  # every key the operator adds
+        assert "secret" not in str(sources), service  # public keys only
+
+
+def test_the_mounted_release_key_is_the_shipped_one_and_verifies_the_shipped_model(tmp_path: Path):
+    """The ConfigMap's key equals models/trusted (a rotation changes both); written as the projected volume
+    writes it, it is what a service trusts, and models/default verifies against it (and against it alone)."""
+    data = configmap("hybrid", RELEASE_KEYS)["data"]
+    shipped = {p.name: p.read_text() for p in (ROOT / "models/trusted").glob(f"*{signing.PUBLIC_SUFFIX}")}
+    assert data == shipped
+    spec = pod_spec(one("hybrid", "Deployment", "inference"))
+    volume, _ = mounted_volume(spec, spec["containers"][0], "/etc/agmarl/trusted-model-keys")
+    for source in volume["projected"]["sources"]:
+        for item in source["configMap"].get("items", []):
+            (tmp_path / item["path"]).write_text(data[item["key"]])
+    trust = modelstore.ModelTrust.load(str(tmp_path))
+    assert set(trust.keys) == set(signing.load_public_keys([ROOT / "models/trusted"]))
+    assert modelstore.load_dir(ROOT / "models/default", trust=trust).version
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_trainer_signs_with_a_key_from_a_secret(overlay: str):
+    spec = pod_spec(one(overlay, "Deployment", "trainer"))
+    container = spec["containers"][0]
+    env = {e["name"]: e.get("value") for e in container.get("env", [])}
+    key_file = env["AGMARL_MODEL_SIGNING_KEY"]
+    settings = load_settings(TrainerSettings, environ={"AGMARL_MODEL_SIGNING_KEY": key_file})
+    assert settings.model_signing_key == key_file
+    volume, mount_path = mounted_volume(spec, container, key_file)
+    secret = volume["secret"]
+    assert secret["secretName"] == SIGNING_SECRET and not secret.get("optional")  # no key, no trainer start
+    assert secret["items"] == [{"key": "trainer.key", "path": str(Path(key_file).relative_to(mount_path))}]
+    assert secret["defaultMode"] == 0o440 and spec["securityContext"]["fsGroup"]  # not world-readable
+    for service in SERVICES:  # the private key is the trainer's alone
+        if service != "trainer":
+            assert SIGNING_SECRET not in json.dumps(pod_spec(one(overlay, "Deployment", service))), service
+    assert not objects(overlay, "Secret"), "no Secret is rendered from the repository"
 
 
 # --- RBAC ---------------------------------------------------------------------------------------

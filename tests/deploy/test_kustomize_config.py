@@ -190,7 +190,7 @@ def test_nats_statefulset_keeps_jetstream_on_a_volume():
     assert claim["spec"]["resources"]["requests"]["storage"]
     container = pod_spec(sts)["containers"][0]
     assert {"name": claim["metadata"]["name"], "mountPath": "/data"} in container["volumeMounts"]
-    assert container["args"][:2] == ["--config", "/etc/nats/nats-tls.conf"]
+    assert container["args"][:2] == ["--config", "/etc/nats/nats-cluster.conf"]
     conf = configmap("hybrid", "nats-config")["data"]["nats.conf"]
     assert re.search(r'^\s*store_dir:\s*"/data"', conf, re.M)
     assert re.search(r"jetstream\s*\{[^}]*^\s*sync_interval:\s*always\s*$", conf, re.M | re.S)
@@ -201,8 +201,11 @@ def test_nats_is_a_three_server_cluster_and_the_streams_have_three_replicas():
     assert sts["spec"]["replicas"] == 3 and sts["spec"]["podManagementPolicy"] == "Parallel"
     args = pod_spec(sts)["containers"][0]["args"]
     flags = dict(zip(args[::2], args[1::2]))
-    assert flags["--server_name"] == "$(POD_NAME)" and flags["--cluster"] == "nats://0.0.0.0:6222"
-    assert flags["--routes"].split(",") == [f"nats://nats-{i}.nats-headless.agmarl.svc:6222" for i in range(3)]
+    # the cluster is in the config (routes with their credentials: test_nats_security.py), no route on the command line
+    assert flags == {"--config": "/etc/nats/nats-cluster.conf", "--server_name": "$(POD_NAME)"}
+    conf = configmap("hybrid", "nats-config")["data"]["nats-cluster.conf"]
+    assert re.search(r'^cluster\s*\{[^}]*^\s*listen:\s*"0\.0\.0\.0:6222"', conf, re.M | re.S)
+    assert re.search(r'^\s*name:\s*agmarl\s*$', conf, re.M)
     headless = one("hybrid", "Service", "nats-headless")
     assert {p["port"] for p in headless["spec"]["ports"]} == {4222, 6222}
     routes = {p["metadata"]["name"]: p["spec"] for p in objects("hybrid", "NetworkPolicy")}["nats-routes"]

@@ -1,10 +1,17 @@
 """NATS security in the deployments: the Kubernetes server config with TLS and the generated identities on
-a real nats-server, NetworkPolicies, each service's identity Secret, docker-compose on loopback only."""
+a real nats-server, the cluster's routes (three real servers on loopback with the rendered configuration: the
+routes come up with the generated route credentials and TLS, a server without the password or without TLS is
+refused), NetworkPolicies, each service's identity Secret, docker-compose on loopback only."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
+import re
 import shutil
 import subprocess
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -12,7 +19,8 @@ import yaml
 
 from agmarl_common.runtime import permissions
 from agmarl_common.runtime.bus import Bus
-from agmarl_common.runtime.natsauth import NatsAuth, ensure_credentials
+from agmarl_cli.natscreds import k8s_route_hosts, k8s_secrets
+from agmarl_common.runtime.natsauth import NatsAuth, ensure_credentials, ensure_route_password, route_config
 from agmarl_common.runtime.natsserver import free_port
 
 from .kustomize import NATS_BIN, OVERLAYS, configmap, objects, one, pod_spec
@@ -106,7 +114,10 @@ def test_nats_mounts_its_user_list_and_certificate_and_hides_monitoring():
     spec = pod_spec(sts)
     (volume,) = [v for v in spec["volumes"] if v["name"] == "config"]
     sources = volume["projected"]["sources"]
-    assert {s["secret"]["name"] for s in sources if "secret" in s} == {"agmarl-nats-auth", "agmarl-nats-tls"}
+    assert {s["secret"]["name"] for s in sources if "secret" in s} == {"agmarl-nats-auth", "agmarl-nats-routes",
+                                                                     "agmarl-nats-tls"}
+    (routes,) = [s["secret"] for s in sources if s.get("secret", {}).get("name") == "agmarl-nats-routes"]
+    assert routes["items"] == [{"key": "routes.conf", "path": "routes.conf"}]
     assert [s["configMap"]["name"].startswith("nats-config-") for s in sources if "configMap" in s] == [True]
     svc = one("hybrid", "Service", "nats")
     assert [p["port"] for p in svc["spec"]["ports"]] == [4222]
@@ -158,3 +169,101 @@ def test_compose_services_run_authenticated_with_generated_credentials(tmp_path:
         seed = env["AGMARL_NATS_NKEY_SEED_FILE"]
         mounts = {v.split(":")[1]: v.split(":")[0] for v in services[name].get("volumes", [])}
         assert Path(mounts[seed]).name == creds.seed(name).name, name
+
+
+# --- the cluster's routes -------------------------------------------------------------------------------
+
+def routez(monitor_port: int) -> list[str]:
+    """The names of the servers this one has routes to (from its monitoring endpoint)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{monitor_port}/routez", timeout=3) as resp:
+        return sorted({r.get("remote_name", "") for r in json.load(resp)["routes"]})
+
+
+def test_the_k8s_route_secret_matches_the_statefulset(tmp_path: Path):
+    """`agmarl nats-creds --k8s` makes Secret agmarl-nats-routes: routes.conf with the route user and password
+    and a route to every server of the StatefulSet, by its headless Service; the password is kept in DIR."""
+    creds = ensure_credentials(tmp_path)
+    password = ensure_route_password(tmp_path)
+    assert ensure_route_password(tmp_path) == password and len(password) == 64  # made once, kept
+    assert (tmp_path / "route.password").stat().st_mode & 0o777 == 0o600
+    secrets = {s["metadata"]["name"]: s for s in k8s_secrets(creds, "agmarl", password)}
+    text = base64.b64decode(secrets["agmarl-nats-routes"]["data"]["routes.conf"]).decode()
+    assert text == route_config(password, k8s_route_hosts("agmarl"))
+    sts = one("hybrid", "StatefulSet", "nats")
+    headless = one("hybrid", "Service", sts["spec"]["serviceName"])
+    port = next(p["port"] for p in headless["spec"]["ports"] if p["name"] == "cluster")
+    want = [f"nats-route://agmarl-route:{password}@{sts['metadata']['name']}-{i}.{headless['metadata']['name']}"
+            f".agmarl.svc:{port}" for i in range(sts["spec"]["replicas"])]
+    assert re.findall(r'"(nats-route://[^"]+)"', text) == want
+    assert f'"password": "{password}"' in text
+    assert ensure_route_password(tmp_path, rotate=True) != password
+    conf = configmap("hybrid", "nats-config")["data"]["nats-cluster.conf"]
+    assert password not in conf and "include \"routes.conf\"" in conf  # the repository holds no password
+
+
+def test_cluster_routes_need_the_route_password_and_tls(tmp_path: Path):
+    """Three servers run the rendered nats-cluster.conf on loopback (ports and paths moved; routes.conf made
+    by route_config with loopback addresses): every server routes to the other two. A fourth with TLS but a
+    wrong password, and a fifth with the password but no TLS, get no route."""
+    data = configmap("hybrid", "nats-config")["data"]
+    make_tls(tmp_path)
+    creds = ensure_credentials(tmp_path / "creds")
+    password = ensure_route_password(tmp_path / "creds")
+    cports = [free_port() for _ in range(3)]
+    procs = []
+
+    def start(name: str, cport: int, routes_conf: str, tls: bool = True) -> int:
+        d = tmp_path / name
+        d.mkdir()
+        for file, text in data.items():
+            text = text.replace('"/data"', f'"{d}/data"').replace('"/etc/nats/', f'"{tmp_path}/')
+            text = text.replace('listen: "0.0.0.0:6222"', f'listen: "127.0.0.1:{cport}"')
+            if not tls:
+                text = re.sub(r"\n  tls \{[^}]*\}", "", text)
+            (d / file).write_text(text, encoding="utf-8")
+        (d / "auth.conf").write_bytes(creds.auth_config.read_bytes())
+        (d / "routes.conf").write_text(routes_conf, encoding="utf-8")
+        check = subprocess.run([str(NATS_BIN), "-t", "-c", str(d / "nats-cluster.conf")], capture_output=True,
+                               text=True, timeout=30)
+        assert check.returncode == 0, check.stdout + check.stderr
+        monitor = free_port()
+        log = open(d / "server.log", "w")  # noqa: SIM115 - closed with the process
+        procs.append((subprocess.Popen([str(NATS_BIN), "-c", str(d / "nats-cluster.conf"), "--server_name", name,
+                                        "-a", "127.0.0.1", "-p", str(free_port()), "-m", str(monitor)],
+                                       stdout=log, stderr=subprocess.STDOUT), log))
+        return monitor
+
+    def wait_routes(monitor: int, want: list[str], timeout: float = 30.0) -> list[str]:
+        deadline, got = time.monotonic() + timeout, []
+        while time.monotonic() < deadline:
+            try:
+                got = routez(monitor)
+            except OSError:
+                got = []
+            if got == want:
+                break
+            time.sleep(0.2)
+        return got
+
+    hosts = [f"127.0.0.1:{p}" for p in cports]
+    names = [f"nats-{i}" for i in range(3)]
+    try:
+        monitors = [start(names[i], cports[i], route_config(password, hosts)) for i in range(3)]
+        for i, monitor in enumerate(monitors):
+            others = sorted(n for n in names if n != names[i])
+            assert wait_routes(monitor, others) == others, (tmp_path / names[i] / "server.log").read_text()[-3000:]
+        wrong = start("wrong-password", free_port(), route_config("0" * 64, hosts))
+        plain = start("no-tls", free_port(), route_config(password, hosts), tls=False)
+        time.sleep(3.0)  # several route attempts each
+        assert routez(wrong) == [] and routez(plain) == []
+        for monitor in monitors:
+            assert set(routez(monitor)) <= set(names)
+        log = (tmp_path / "nats-0" / "server.log").read_text()
+        assert "Authentication Failure" in log or "authentication error" in log
+        assert "TLS" in log and "handshake" in log.lower()
+    finally:
+        for proc, log in procs:
+            proc.terminate()
+        for proc, log in procs:
+            proc.wait(timeout=10)
+            log.close()

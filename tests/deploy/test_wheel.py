@@ -2,8 +2,8 @@
 into a fresh virtualenv, run outside the source tree.
 
 Every service ``agmarl up`` starts is started from that install (``python -m agmarl_<service>``) against a
-real nats-server and must answer its health probe, serve ``/metrics`` (the images' HEALTHCHECK), and exit 0
-on SIGTERM; the model folders under ``models/`` must be in the install, byte for byte, and inference must
+real nats-server and must answer its health probe, serve ``/metrics`` and ``/healthz`` (the images'
+HEALTHCHECK), and exit 0 on SIGTERM; the model folders under ``models/`` must be in the install, byte for byte, and inference must
 serve ``models/default`` from it.
 
 The fresh virtualenv has no site packages of its own but the wheel: the third-party dependencies (pinned,
@@ -197,6 +197,8 @@ async def test_every_service_starts_from_the_installed_wheel(install: Install, n
             assert status.pid == procs[service].pid, service
             with urllib.request.urlopen(f"http://127.0.0.1:{status.metrics_port}/metrics", timeout=5) as r:
                 assert r.status == 200 and b"# TYPE" in r.read(), service
+            with urllib.request.urlopen(f"http://127.0.0.1:{status.metrics_port}/healthz", timeout=5) as r:
+                assert r.status == 200, service  # what the image's HEALTHCHECK asks
     finally:
         codes = stop(procs)
     assert codes == {s: 0 for s in SERVICES}, {s: logs[s].read_text()[-2000:] for s, c in codes.items() if c != 0}

@@ -1,5 +1,7 @@
 """The chaos benchmark's short version (benchmarks/chaos.py, issue 14.6): a small simulated cluster under
-the supervised system, inference killed with SIGKILL, then graph-builder stopped (SIGSTOP, 3 s, SIGCONT).
+the supervised system, the reward-calculator killed with SIGKILL (the decisions it held come again after
+ack_wait, some for pods that have finished and left since), inference killed with SIGKILL, then graph-builder
+stopped (SIGSTOP, 3 s, SIGCONT).
 Asserts what the system promises today: decisions flow again within the bound, no acknowledged decision
 lost, no pod bound twice, every bound decision has its experience, no hard-filter violation."""
 
@@ -28,11 +30,13 @@ async def test_short_chaos_run_keeps_the_invariants(chaos, tmp_path, monkeypatch
     monkeypatch.setenv("AGMARL_STATE_DIR", str(tmp_path / ".state"))  # run() sets these: restored after the test
     for name in ("NATS_URL", "AGMARL_NATS_URL", "AGMARL_NATS_CREDS_DIR"):
         monkeypatch.delenv(name, raising=False)
-    faults = [chaos.Fault("inference", "kill"), chaos.Fault("graph-builder", "stop")]
+    faults = [chaos.Fault("reward-calculator", "kill"), chaos.Fault("inference", "kill"),
+              chaos.Fault("graph-builder", "stop")]
     result = await chaos.run(faults, tmp_path / ".state", nodes=20, stop_seconds=3.0, steady=3.0,
                              recover_timeout=60.0, ack_wait=5.0, log=lambda s: None)
     table = chaos.table(result)
     assert result["supervision"]["inference"]["exits"] == ["exited -9"], table
+    assert result["supervision"]["reward-calculator"]["exits"] == ["exited -9"], table
     for fault in result["faults"]:
         assert fault["recover_s"] is not None and fault["recover_s"] <= 60.0, table
         counts = fault["counts"]

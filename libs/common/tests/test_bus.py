@@ -80,8 +80,8 @@ async def test_decision_log_survives_nats_restart(tmp_path):
     with NatsServer(store_dir=tmp_path / "store") as server:
         bus = await Bus.connect(server.url, "test-restart")
         try:
-            assert await bus.ensure_streams() == ["DECISIONS", "EXPERIENCE"]
-            assert await bus.ensure_streams() == ["DECISIONS", "EXPERIENCE"]  # idempotent
+            assert await bus.ensure_streams() == ["DECISIONS", "EXPERIENCE", "EVENTS"]
+            assert await bus.ensure_streams() == ["DECISIONS", "EXPERIENCE", "EVENTS"]  # idempotent
             acks = [await bus.js_publish(subjects.decision("sim", "team-a"), _decision(i), msg_id=f"d{i}")
                     for i in range(3)]
             assert [a.stream for a in acks] == ["DECISIONS"] * 3 and not any(a.duplicate for a in acks)

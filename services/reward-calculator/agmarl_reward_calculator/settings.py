@@ -15,3 +15,7 @@ class RewardSettings(CommonSettings):
     decision_ack_wait: float = 30.0  # seconds before a decision delivered to a process that died unacked is redelivered
     settle_seconds: float = 60.0  # a decision whose pod stays pending this long is dropped unrewarded
     flush_seconds: float = 2.0  # at SIGTERM: wait this long for a snapshot to settle bound decisions, then flush
+    outcome_lookback_seconds: float = 900.0  # at start: bind outcomes of the last N s read back from EVENTS (0 = off)
+    outcome_recall_timeout: float = 60.0  # settling waits at most this long for that read (which then goes on)
+    snapshot_history: int = 8  # recent snapshots kept to find the one each decision was made on
+    late_seconds: float = 5.0  # no snapshot kept from less than this before a decision: its experience has no cluster

@@ -13,8 +13,10 @@ first snapshot after it (the one it is rewarded on). The transition carries:
 
 The pod comes from the snapshot before (pending, or already bound when that snapshot raced ahead of the
 decision), else from the snapshot after. What could not be included is named in ``state["missing"]``
-(no_snapshot | invalid_state | oversized) and the action has no ``pod`` when none was found: the trainer
-counts such transitions as unusable instead of guessing.
+(no_snapshot | late | invalid_state | oversized | unknown_pod) and the action has no ``pod`` when none was
+found: the trainer counts such transitions as unusable instead of guessing. ``late``: the decision reached this
+process after the snapshots from before it were gone (a redelivery after a restart), so the cluster it was made
+on is not known; the transition has the action, the reward and the next state, and no cluster.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class SnapshotView:
 
     def __init__(self, msg: m.ClusterSnapshot):
         self.msg = msg
+        self.received = 0.0  # wall time this process received it (set by the reward-calculator)
         self._pods: dict[str, tuple[dict[str, Any], int]] | None = None
         self._nodes: dict[str, int] = {}  # bound pod key -> node index
         self._names: list[str] | None = None
@@ -93,21 +96,37 @@ def node_names(data: dict[str, Any]) -> list[str]:
     return [nd["name"] for nd in data["nodes"]]
 
 
-def placed_pod(key: str, before: SnapshotView | None, after: SnapshotView) -> dict[str, Any] | None:
-    """The decided pod as it was while pending (no node, no devices), from the snapshot before or after."""
+def placed_pod(key: str, before: SnapshotView | None, after: SnapshotView,
+               bound: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The decided pod as it was while pending (no node, no devices), from the snapshot before or after, else
+    from ``bound`` (the pod as a ``pod_bound`` event carried it: a pod that left before any snapshot showed it)."""
     for view in (before, after):
         found = view.pod(key) if view is not None else None
         if found is not None:
             return {k: v for k, v in found[0].items() if k not in ("node_name", "gpu_devices")}
+    if bound:
+        return {k: v for k, v in bound.items() if k not in ("node_name", "gpu_devices")}
     return None
 
 
 def experience(d: m.Decision, before: SnapshotView | None, after: SnapshotView, reward: float,
-               max_bytes: int) -> tuple[m.Experience, str]:
+               max_bytes: int, late: bool = False, bound_pod: dict[str, Any] | None = None,
+               otherwise: str = "") -> tuple[m.Experience, str]:
     """The transition of decision ``d`` and what is missing from it ("" when complete). When the encoded
-    message would exceed ``max_bytes``, the cluster state is left out (``missing`` = oversized)."""
+    message would exceed ``max_bytes``, the cluster state is left out (``missing`` = oversized). ``late``: no
+    snapshot from before ``d`` is known (``before`` is then ignored). ``bound_pod``: the pod of its ``pod_bound``
+    event (used when neither snapshot has it); ``otherwise``: the reason to name when nothing else is missing."""
+    exp, missing, _ = encoded_experience(d, before, after, reward, max_bytes, late, bound_pod, otherwise)
+    return exp, missing
+
+
+def encoded_experience(d: m.Decision, before: SnapshotView | None, after: SnapshotView, reward: float,
+                       max_bytes: int, late: bool = False, bound_pod: dict[str, Any] | None = None,
+                       otherwise: str = "") -> tuple[m.Experience, str, bytes]:
+    """``experience`` and its wire bytes (encoded once: the size check's encoding is the one published)."""
+    before = None if late else before
     state: dict[str, Any] = before.reference() if before is not None else {}
-    missing = "" if before is not None else "no_snapshot"
+    missing = "late" if late else "" if before is not None else "no_snapshot"
     if before is not None:
         try:
             state["cluster"] = before.compact_without(d.pod_key)
@@ -115,16 +134,20 @@ def experience(d: m.Decision, before: SnapshotView | None, after: SnapshotView, 
             missing = "invalid_state"
     action: dict[str, Any] = {"pod_key": d.pod_key, "node": d.node, "gpus": list(d.gpus), "policy": d.policy,
                               "score": d.score}
-    pod = placed_pod(d.pod_key, before, after)
+    pod = placed_pod(d.pod_key, before, after, bound_pod)
     if pod is not None:
         action["pod"] = pod
     elif not missing:
         missing = "unknown_pod"
+    missing = missing or otherwise
+    if missing:
+        state["missing"] = missing
     exp = m.Experience(id=d.decision_id, cluster=d.cluster, state=state, action=action, reward=reward,
                        next_state=after.reference(), time=after.msg.time)
-    if "cluster" in state and len(m.encode(exp)) > max_bytes:
+    data = m.encode(exp)
+    if "cluster" in state and len(data) > max_bytes:
         state = {k: v for k, v in state.items() if k != "cluster"}
-        exp, missing = exp.model_copy(update={"state": state}), "oversized"
-    if missing:
-        exp.state["missing"] = missing
-    return exp, missing
+        state["missing"] = missing = "oversized"
+        exp = exp.model_copy(update={"state": state})
+        data = m.encode(exp)
+    return exp, missing, data

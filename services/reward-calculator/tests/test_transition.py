@@ -72,6 +72,22 @@ def test_what_is_missing_is_said(before, after, pod, missing, has_cluster):
     assert ("pod" in exp.action) == (pod is NEW)
 
 
+def test_a_late_decision_has_no_cluster_rather_than_a_wrong_one():
+    """Redelivered after the snapshots from before it are gone: action, reward and next state, no cluster."""
+    exp, why = experience(decision(), PENDING_BEFORE, BOUND_AFTER, 0.5, LIMIT, late=True)
+    assert why == "late" and exp.state == {"missing": "late"}
+    assert exp.action["node"] == "b" and exp.action["pod"] == to_dict(NEW)  # the pod from the snapshot after
+    assert exp.reward == 0.5 and exp.next_state["snapshot_seq"] == 2
+
+
+def test_a_pod_gone_from_both_snapshots_comes_from_its_pod_bound_event():
+    gone = snap(2, ((OLD, 0, ()),))  # NEW bound and finished before this snapshot
+    bound = {**to_dict(NEW), "node_name": "b", "gpu_devices": [0]}
+    exp, why = experience(decision(), PENDING_BEFORE, gone, 0.5, LIMIT, bound_pod=bound)
+    assert why == "" and exp.action["pod"] == to_dict(NEW)  # as it was while pending
+    assert experience(decision(), snap(1, ((OLD, 0, ()),)), gone, 0.5, LIMIT)[1] == "unknown_pod"
+
+
 def test_an_oversized_state_is_left_out():
     size = len(m.encode(experience(decision(), PENDING_BEFORE, BOUND_AFTER, 0.5, LIMIT)[0]))
     assert experience(decision(), PENDING_BEFORE, BOUND_AFTER, 0.5, max_bytes=size)[1] == ""  # at the limit: kept

@@ -11,6 +11,12 @@ delivered again is applied at most once (the pod is no longer pending: counted s
 cluster lives in this process: a decision announced by an earlier collector (its ``seen_at`` is before
 this one started) was made for a cluster that is gone and is acked without being applied (counted as
 ``agmarl_decisions_foreign_total``), even when a pod of the new run has the same name.
+
+A decision's outcome event (``pod_bound``, ``bind_rejected``) is stored in the EVENTS stream (a JetStream
+publish, ``Nats-Msg-Id`` = epoch and sequence number) before the decision is acked: the reward-calculator
+learns from EVENTS which decisions were bound, so an outcome must not be lost with a NATS crash. A store that
+fails is retried for ``event_store_seconds``, then the decision is redelivered and the recorded outcome is
+stored again (never applied twice).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections import OrderedDict
 
 from prometheus_client import Counter, Gauge
 
@@ -34,6 +41,8 @@ from agmarl_state_collector.simsource import SimulatedCluster
 from agmarl_state_collector.snapshots import SnapshotPublisher, snapshot_message
 
 SERVICE = "state-collector"
+OUTCOMES = ("pod_bound", "bind_rejected")  # the events that settle a decision: stored before it is acked
+APPLIED_KEPT = 20_000  # decisions whose outcome event is kept for a redelivery
 
 
 class CollectorApp:
@@ -49,6 +58,8 @@ class CollectorApp:
         self.finished = False  # a trace replay has decided every pod
         self.violations = 0
         self.snapshots = SnapshotPublisher(rt, settings.max_message_bytes)
+        # decision id -> (its outcome event, stored in EVENTS yet): a redelivered decision is not applied again
+        self.applied: OrderedDict[str, tuple[m.ClusterEvent, bool]] = OrderedDict()
         reg = rt.registry
         self.bound_total = Counter("agmarl_pods_bound_total", "Pods bound in the cluster", registry=reg)
         self.rejected_total = Counter("agmarl_bind_rejected_total", "Decisions refused by the hard filter at bind",
@@ -75,6 +86,12 @@ class CollectorApp:
             return  # extender and batch decisions are bound by kube-scheduler / the binder, not here
         if msg.seen_at < self.started_at:  # announced by an earlier collector, for a cluster that is gone
             self.foreign_total.inc()
+            return
+        prior = self.applied.get(msg.decision_id)
+        if prior is not None:  # applied already: store its outcome if that failed, never apply it twice
+            if not prior[1]:
+                await self.store_outcome(prior[0], ctx.publish)
+            self.stale_total.inc()
             return
         now = time.time()
         if not self.sim.is_pending(msg.pod_key):  # decided already (a duplicate or a redelivery): nothing to do
@@ -105,12 +122,37 @@ class CollectorApp:
     async def publish_event(self, etype: str, pod_key: str, node: str, reason: str, decision_id: str = "",
                             pod: dict | None = None, gpus: list[int] | None = None, at: float | None = None,
                             publish=None) -> None:
-        """One cluster event, stamped with the next sequence number of this run."""
+        """One cluster event, stamped with the next sequence number of this run; a decision's outcome is stored
+        in EVENTS before this returns (``store_outcome``)."""
         self.seq += 1
-        await (publish or self.rt.publish)(subjects.event(self.settings.cluster), m.ClusterEvent(
+        event = m.ClusterEvent(
             cluster=self.settings.cluster, seq=self.seq, epoch=self.epoch, type=etype, pod_key=pod_key, node=node,
             reason=reason, time=self.sim.state.time if at is None else at, decision_id=decision_id,
-            pod=pod or {}, gpus=gpus or []))
+            pod=pod or {}, gpus=gpus or [])
+        if etype in OUTCOMES and decision_id:
+            self.applied[decision_id] = (event, False)
+            while len(self.applied) > APPLIED_KEPT:
+                self.applied.popitem(last=False)
+            await self.store_outcome(event, publish)
+        else:
+            await (publish or self.rt.publish)(subjects.event(self.settings.cluster), event)
+
+    async def store_outcome(self, event: m.ClusterEvent, publish=None) -> None:
+        """Publish ``event`` into EVENTS and wait for the stream's ack, retrying for ``event_store_seconds`` (NATS
+        restarting); then raise, so the decision is not acked and comes again."""
+        deadline = time.monotonic() + self.settings.event_store_seconds
+        while True:
+            try:
+                await (publish or self.rt.publish)(subjects.event(self.settings.cluster), event, js=True,
+                                                   msg_id=f"{event.epoch}-{event.seq}")
+                break
+            except Exception as exc:  # noqa: BLE001 - NATS away: retried, then the decision is redelivered
+                if time.monotonic() >= deadline:
+                    raise
+                self.rt.log.warning("storing the %s event of decision %s failed (%s: %s); retrying", event.type,
+                                    event.decision_id, type(exc).__name__, exc)
+                await asyncio.sleep(0.5)
+        self.applied[event.decision_id] = (event, True)
 
     async def sim_progress(self) -> None:
         """After a decision: announce what is due now (a trace replay's next pod), and finish a replay."""
@@ -221,5 +263,7 @@ async def main() -> int:
                      subjects.durable(SERVICE, settings.cluster), m.Decision, ack_wait=settings.decision_ack_wait,
                      deliver_new=True)(app.on_decision)
     await rt.start()
+    # EVENTS keeps the bind outcomes (pod_bound, bind_rejected): a restarted reward-calculator reads them back
+    rt.spawn(rt.bus.ensure_stream(subjects.EVENTS), name="ensure-events")
     rt.spawn(app.run_loop(), name="simulator-loop")
     return await rt.run_until_stopped()

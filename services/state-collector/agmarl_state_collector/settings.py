@@ -30,6 +30,7 @@ class CollectorSettings(CommonSettings, KubeSettings):
     chunk_seconds: float = 600.0  # simulated seconds of workload generated at a time
     retry_seconds: float = 2.0  # re-announce a pod left pending (no decision or unschedulable) after this
     decision_ack_wait: float = 30.0  # seconds before a decision delivered to a process that died unacked is redelivered
+    event_store_seconds: float = 10.0  # a decision's outcome event is retried this long into EVENTS (then redelivered)
     # --- source "kubernetes" (k8sapp / k8ssource; kubeconfig, kube_context, batch_scheduler_name: KubeSettings) ---
     watch_timeout_seconds: int = 300  # server-side watch timeout (the watch then resumes from the last rv)
     watch_request_timeout: float = 30.0  # connect timeout and read slack, seconds

@@ -162,8 +162,19 @@ def live_snapshot(seq: int, bound: tuple[tuple[Pod, int, tuple], ...], pending: 
                              pending=[to_dict(p) for p in pending], stats={"bound": float(len(bound)), "pending": 0.0})
 
 
+async def seen_snapshot(bus: Bus, seq: int, timeout: float = 10.0) -> None:
+    """Wait (bounded) until the reward-calculator's health reports snapshot ``seq`` received."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = await bus.request(subjects.health("reward-calculator"), b"", m.HealthStatus, timeout=1.0)
+        if status.details.get("snapshot_seq", -1) >= seq:
+            return
+        await asyncio.sleep(0.02)
+    raise TimeoutError(f"the reward-calculator never reported snapshot {seq}")
+
+
 def live_decision(i: int, pod: Pod, node: str) -> m.Decision:
-    now = time.time() - 1.0
+    now = time.time()
     return m.Decision(decision_id=f"live-{i}", cluster=LIVE, namespace="default", pod_key=pod.key, node=node,
                       policy="fgd", mode="full", seen_at=now, decided_at=now)
 
@@ -184,9 +195,11 @@ async def test_live_experience_from_the_reward_calculator_becomes_samples(nats_u
         for snap, dec in steps:
             await bus.publish(subjects.snapshot(LIVE), snap)
             await bus.flush()
-            await asyncio.sleep(0.3)  # the decision is made on this snapshot
+            # the decision is made on this snapshot: once the reward-calculator has it (its health says which
+            # snapshot it holds), the decision is stamped and published
+            await seen_snapshot(bus, snap.seq)
+            dec.seen_at = dec.decided_at = time.time()
             await bus.js_publish(subjects.decision(LIVE, "default"), dec)
-            await asyncio.sleep(0.3)
         await bus.publish(subjects.snapshot(LIVE), final)
         await bus.flush()
         got: list[m.Experience] = []

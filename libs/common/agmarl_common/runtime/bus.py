@@ -211,7 +211,7 @@ class Bus:
             return info
 
     async def ensure_streams(self, streams: Iterable[subjects.StreamSpec] = subjects.STREAMS) -> list[str]:
-        """Create DECISIONS and EXPERIENCE (or the given specs); returns the stream names."""
+        """Create DECISIONS, EXPERIENCE and EVENTS (or the given specs); returns the stream names."""
         names = []
         for spec in streams:
             await self.ensure_stream(spec)

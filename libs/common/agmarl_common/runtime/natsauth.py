@@ -8,11 +8,17 @@ A seed (``S...``) is the identity's private key and never leaves its owner; the 
 holds the public keys (``U...``) with the permissions ``permissions.permissions_for`` generates from
 the subject catalogue. Rotation: ``ensure_credentials(dir, rotate=["inference"])`` writes a new seed
 and a new ``auth.conf``; reload the server (SIGHUP) and restart the service, the old key is refused.
+
+A NATS cluster's routes (deploy/k8s: three servers) have their own credentials, no service's: a random route
+password (``route.password`` in the same directory, 0600, kept until rotated) and the ``routes.conf`` the
+servers include in their ``cluster`` block (``route_config``: the route user and password every server
+demands, and the route URLs carrying them).
 """
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import ssl
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -23,6 +29,9 @@ from agmarl_common.runtime import permissions, subjects
 
 SEED_SUFFIX = ".nk"
 AUTH_CONFIG = "auth.conf"
+ROUTES_CONFIG = "routes.conf"  # included in the server's cluster block (deploy/nats/nats-cluster.conf)
+ROUTE_PASSWORD_FILE = "route.password"
+ROUTE_USER = "agmarl-route"
 _USER_PREFIX = 20 << 3  # nkeys.PREFIX_BYTE_USER: public keys start with "U", seeds with "SU"
 
 
@@ -143,3 +152,27 @@ def ensure_credentials(directory: str | Path, identities: Iterable[str] | None =
         keys[identity] = public_key(path.read_bytes().strip())
     _write_private(root / AUTH_CONFIG, render_config(server_authorization(keys, catalogue)).encode())
     return Credentials(root, keys)
+
+
+def ensure_route_password(directory: str | Path, rotate: bool = False) -> str:
+    """The NATS cluster's route password (64 hex digits, safe in a URL), made once in ``directory``
+    (``route.password``, 0600) and kept; ``rotate`` replaces it."""
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    os.chmod(root, 0o700)
+    path = root / ROUTE_PASSWORD_FILE
+    if rotate or not path.is_file():
+        _write_private(path, secrets.token_hex(32).encode() + b"\n")
+    return path.read_text(encoding="ascii").strip()
+
+
+def route_config(password: str, hosts: Iterable[str], user: str = ROUTE_USER, timeout: float = 5.0) -> str:
+    """``routes.conf`` for a server's ``cluster`` block: the route user every server demands of the others,
+    and the routes (``host:port``) it connects to with that user. It holds the password: a Secret, never the
+    repository."""
+    if not password or not all(c.isalnum() for c in password):
+        raise ValueError("the route password must be non-empty and alphanumeric (it goes into route URLs)")
+    routes = [f"nats-route://{user}:{password}@{host}" for host in hosts]
+    return ("# the NATS cluster's route credentials (agmarl nats-creds); keep it secret\n"
+            + render_config({"authorization": {"user": user, "password": password, "timeout": timeout},
+                             "routes": routes}))

@@ -244,6 +244,7 @@ class ServiceRuntime:
 
     async def shutdown(self) -> None:
         """Stop hooks, cancel background tasks, drain subscriptions, stop metrics, flush telemetry."""
+        began = time.monotonic()
         for fn in self._on_stop:
             try:
                 await fn()
@@ -260,7 +261,7 @@ class ServiceRuntime:
         if self.tracer_provider is not None:
             shutdown_tracing(self.tracer_provider)
         self._started = False
-        self.log.info("service stopped service=%s", self.name)
+        self.log.info("service stopped service=%s shutdown_s=%.2f", self.name, time.monotonic() - began)
 
     async def __aenter__(self) -> "ServiceRuntime":
         await self.start()

@@ -148,8 +148,10 @@ EXPERIENCE = StreamSpec(
     description="Experience transitions for the trainer, deduplicated by Nats-Msg-Id (the decision id)")
 EVENTS = StreamSpec(
     name="EVENTS", subjects=(f"{PREFIX}.event.>",), storage="file", duplicate_window=120.0,
-    max_age=24 * 3600.0, description="Cluster events (optional, one day)")
-STREAMS: tuple[StreamSpec, ...] = (DECISIONS, EXPERIENCE)
+    max_age=24 * 3600.0,
+    description="Cluster events, one day: the durable record of bind outcomes (pod_bound, bind_rejected); a "
+                "restarted reward-calculator reads them back")
+STREAMS: tuple[StreamSpec, ...] = (DECISIONS, EXPERIENCE, EVENTS)
 
 CONFIG_BUCKET = "agmarl_config"
 KEY_ACTIVE_POLICY = "active_policy"
@@ -179,9 +181,10 @@ CATALOGUE: list[CatalogueEntry] = [
                    "Full cluster state with pending pods and utilisation statistics (epoch, seq shared with events); "
                    "inference reads only its pending list, in batch mode"),
     CatalogueEntry(f"{PREFIX}.event.{_C}", "event", "state-collector",
-                   ("graph-builder", "reward-calculator", "cli"), None,
+                   ("graph-builder", "reward-calculator", "cli"), EVENTS.name,
                    "Pod and node lifecycle outcomes in order (epoch, seq); pod_bound carries the pod (the "
-                   "reward-calculator rewards bound decisions only)"),
+                   "reward-calculator rewards bound decisions only, and reads outcomes back from EVENTS after a "
+                   "restart)"),
     CatalogueEntry(f"{PREFIX}.graph.{_C}", "graph_update", "graph-builder", ("inference",), None,
                    "The versioned whole-cluster graph: full states and ordered changes (cluster views replicate it)"),
     CatalogueEntry(f"{PREFIX}.graph_sync.{_C}", "graph_sync", "inference", ("graph-builder",), None,
