@@ -57,3 +57,36 @@ def test_gpu_devices_count():
     pod = Pod("t", 100, 100, num_gpu=1, gpu_milli=1000)
     same_node = difference_reward(s, pod, 0, (0,), 0, (1,))  # another device of the same node: nothing moves
     assert same_node.total == pytest.approx(0.0) and same_node.components == {}
+
+
+def test_reference_credit_places_the_pod_where_the_reference_policy_would():
+    from agmarl_common.core.credit import reference_credit, reference_placement
+    from agmarl_common.core.policies.kube import KubeDefaultPolicy
+    from agmarl_common.core.reward import RewardScheme
+
+    s, pod, kube = two_nodes(), Pod("p", 500, 500), KubeDefaultPolicy()
+    node, gpus = reference_placement(s, pod, kube)
+    assert (node, gpus) == (1, ())  # kube-default spreads: the empty node
+    credit, ref = reference_credit(s, pod, 0, (), kube)
+    assert ref == 1 and credit == difference_reward(s, pod, 0, (), 1, ())
+    assert credit.total < 0  # packing onto the busy node loses the balance kube-default keeps
+    assert reference_credit(s, pod, 1, (), kube)[0] == DecisionCredit(0.0, {})  # did what the reference does
+    # a pod no node fits: the reference leaves it waiting, so placing it is all gain
+    big = Pod("big", 900, 900)
+    assert reference_placement(two_nodes(500), big, kube)[0] == 1
+    full = bind(two_nodes(500), Pod("other", 600, 600), 1)
+    assert reference_placement(full, big, kube) == (None, ())
+    # a scheme's total: the same moved components, the scheme's weights
+    fixed = reference_credit(s, pod, 0, (), kube, scheme=RewardScheme("fixed"))[0]
+    assert fixed.total == pytest.approx(credit.total) and fixed.components == credit.components
+
+
+def test_reference_devices_come_from_the_policy_or_the_given_chooser():
+    from agmarl_common.core.credit import reference_placement
+    from agmarl_common.core.policies.kube import KubeDefaultPolicy
+
+    s = ClusterState.empty([Node("g", 8000, 8000, gpu_count=2)])
+    pod = Pod("t", 100, 100, num_gpu=1, gpu_milli=1000)
+    assert reference_placement(s, pod, KubeDefaultPolicy()) == (0, (0,))
+    assert reference_placement(s, pod, KubeDefaultPolicy(), gpus_for=lambda p, st, i: (1,)) == (0, (1,))
+    assert reference_placement(s, pod, KubeDefaultPolicy(), gpus_for=lambda p, st, i: None) == (None, ())

@@ -45,13 +45,13 @@ from prometheus_client import Counter, Gauge
 from agmarl_common.runtime import messages as m
 from agmarl_common.runtime import subjects
 from agmarl_common.runtime.bus import KIND_HEADER
-from agmarl_common.core.cluster.model import state_from_dict
+from agmarl_common.core.policies.registry import get_policy
 from agmarl_common.core.reward import RewardScheme, outcomes_from_stats, scheme_reward
 from agmarl_common.runtime.service import HandlerContext, ServiceRuntime
 from agmarl_common.runtime.settings import load_settings
 from agmarl_reward_calculator.ledger import REWARD, WAIT, Held, snapshot_before, verdict
 from agmarl_reward_calculator.settings import RewardSettings
-from agmarl_reward_calculator.transition import SnapshotView, encoded_experience
+from agmarl_reward_calculator.transition import SnapshotView, decision_credit, encoded_experience
 
 SERVICE = "reward-calculator"
 PUBLISH_CHUNK = 256  # experiences published at once (their JetStream acks awaited together)
@@ -84,6 +84,8 @@ class RewardApp:
         self.rt = rt
         self.settings = settings
         self.scheme = scheme_of(settings)
+        # each experience's own credit is measured against this policy's placement (None: credit off)
+        self.credit_reference = get_policy(settings.credit_reference) if settings.credit_reference else None
         self.waiting: OrderedDict[str, Held] = OrderedDict()  # decision id -> decision held until settled
         self.settled: OrderedDict[str, str] = OrderedDict()  # decision id -> how (a redelivery is acked at once)
         # decision id -> ("bound" | "refused", the event's epoch, its seq), from events (live, and from EVENTS)
@@ -398,7 +400,7 @@ class RewardApp:
         ready = [(did, h) for (did, h), v in zip(held, verdicts) if v == REWARD and did in self.waiting]
         if not ready:
             return
-        components, total = await asyncio.to_thread(self.reward_of, view.msg, before_stats)
+        components, total = await asyncio.to_thread(self.reward_of, view, before_stats)
         for name, value in components.items():
             self.component.labels(component=name).set(value)
         self.total.labels(scheme=self.scheme.name).set(total)
@@ -410,8 +412,10 @@ class RewardApp:
         def transition(did: str, h: Held):
             # the last snapshot came before the bind (a flush at shutdown): say so when nothing else is missing
             stale = did in force and h.decision.node and view.placement(h.decision.pod_key) != h.decision.node
+            credit = (decision_credit(h.decision, None if h.late else h.before, self.credit_reference, self.scheme)
+                      if self.credit_reference is not None else None)
             return encoded_experience(h.decision, h.before, view, total, self.settings.experience_max_bytes,
-                                      h.late, self.bound_pods.get(did), "next_snapshot" if stale else "")
+                                      h.late, self.bound_pods.get(did), "next_snapshot" if stale else "", credit)
 
         transitions = await asyncio.to_thread(lambda: [transition(did, h) for did, h in ready])
         # published concurrently (JetStream acks them together), in chunks; a failed one stays held for the
@@ -448,10 +452,11 @@ class RewardApp:
         if self.waiting:
             self.rt.log.info("%d decisions left unacked for the next reward-calculator", len(self.waiting))
 
-    def reward_of(self, msg: m.ClusterSnapshot, before_stats: dict[str, float]) -> tuple[dict[str, float], float]:
-        """Components and total of the window from the previous snapshot (``before_stats``) to ``msg``."""
+    def reward_of(self, view: SnapshotView, before_stats: dict[str, float]) -> tuple[dict[str, float], float]:
+        """Components and total of the window from the previous snapshot (``before_stats``) to ``view``."""
+        msg = view.msg
         outcomes = outcomes_from_stats(before_stats, msg.stats, mean_pending_age(msg.pending, msg.time))
-        return scheme_reward(state_from_dict(msg.state), outcomes, self.scheme)
+        return scheme_reward(view.cluster_state(), outcomes, self.scheme)
 
     async def _publish(self, d: m.Decision, experience_bytes: bytes, missing: str, components: dict[str, float],
                        total: float, sim_time: float) -> None:

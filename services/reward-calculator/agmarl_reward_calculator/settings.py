@@ -19,3 +19,6 @@ class RewardSettings(CommonSettings):
     outcome_recall_timeout: float = 60.0  # settling waits at most this long for that read (which then goes on)
     snapshot_history: int = 8  # recent snapshots kept to find the one each decision was made on
     late_seconds: float = 5.0  # no snapshot kept from less than this before a decision: its experience has no cluster
+    # each experience's credit: the difference reward of its placement against this policy's on the same cluster
+    # ("" = off); the trainer imitates the decisions with the best credit
+    credit_reference: str = "kube-default"

@@ -11,6 +11,11 @@ first snapshot after it (the one it is rewarded on). The transition carries:
     next_state  a reference to the snapshot after: {"snapshot_seq", "time", "stats"}; its cluster is the
                 ``state`` of the transitions decided on it
 
+    credit      the decision's own reward signal (``decision_credit``): ``core.credit``'s difference reward of
+                its placement against where a reference policy (``AGMARL_CREDIT_REFERENCE``, kube-default) would
+                have placed the same pod on the same cluster, {"total", "reference", "reference_node",
+                "components"}; {"missing": why} when it could not be computed; {} when credit is off
+
 The pod comes from the snapshot before (pending, or already bound when that snapshot raced ahead of the
 decision), else from the snapshot after. What could not be included is named in ``state["missing"]``
 (no_snapshot | late | invalid_state | oversized | unknown_pod) and the action has no ``pod`` when none was
@@ -25,7 +30,11 @@ from typing import Any
 
 from agmarl_common.runtime import messages as m
 from agmarl_common.core.cluster.compact import bound_pod_dicts, compact_dict, drop_pending, is_snapshot, pod_key_of, \
-    state_from_snapshot
+    state_from_dict, state_from_snapshot
+from agmarl_common.core.cluster.model import ClusterState, pod_from_dict
+from agmarl_common.core.credit import reference_credit
+from agmarl_common.core.policies.base import Policy
+from agmarl_common.core.reward import PlacementBase, RewardScheme, placement_base
 
 _BOUND = -1  # position of a pod found bound, not pending
 
@@ -40,6 +49,8 @@ class SnapshotView:
         self._nodes: dict[str, int] = {}  # bound pod key -> node index
         self._names: list[str] | None = None
         self._compact: dict[str, Any] | None = None
+        self._state: ClusterState | None = None
+        self._base: PlacementBase | None = None
 
     @property
     def seq(self) -> int:
@@ -77,6 +88,19 @@ class SnapshotView:
             self._pods = pods
         return self._pods.get(key)
 
+    def cluster_state(self) -> ClusterState:
+        """The snapshot's cluster as a ``ClusterState`` (parsed once)."""
+        if self._state is None:
+            self._state = state_from_dict(self.msg.state)
+        return self._state
+
+    def placement_base(self) -> PlacementBase:
+        """``reward.placement_base`` of its cluster (computed once: shared by the credit of every decision made
+        on this snapshot)."""
+        if self._base is None:
+            self._base = placement_base(self.cluster_state())
+        return self._base
+
     def compact_without(self, key: str) -> dict[str, Any]:
         """The compact state of this snapshot with pod ``key`` left out (as it was before being placed)."""
         if self._compact is None:
@@ -109,20 +133,51 @@ def placed_pod(key: str, before: SnapshotView | None, after: SnapshotView,
     return None
 
 
+def decision_credit(d: m.Decision, before: SnapshotView | None, reference: Policy,
+                    scheme: RewardScheme | None = None) -> dict[str, Any]:
+    """The credit of decision ``d`` on the cluster it was made on (``before``), against ``reference``'s
+    placement of the same pod there; ``{"missing": why}`` when it cannot be computed: no_snapshot, unschedulable
+    (no node chosen), raced (the snapshot already shows the pod bound), unknown_pod, unknown_node,
+    invalid_state."""
+    if before is None:
+        return {"missing": "no_snapshot"}
+    if not d.node:
+        return {"missing": "unschedulable"}
+    found = before.pod(d.pod_key)
+    if found is None:
+        return {"missing": "unknown_pod"}
+    if found[1] == _BOUND:
+        return {"missing": "raced"}
+    try:
+        state = before.cluster_state()
+        pod = pod_from_dict({k: v for k, v in found[0].items() if k not in ("node_name", "gpu_devices")})
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return {"missing": "invalid_state"}
+    node = state.index.get(d.node)
+    if node is None:
+        return {"missing": "unknown_node"}
+    credit, ref = reference_credit(state, pod, node, tuple(int(g) for g in d.gpus), reference, scheme=scheme,
+                                   base=before.placement_base())
+    return {"total": float(credit.total), "reference": str(getattr(reference, "name", "")),
+            "reference_node": state.nodes[ref].name if ref is not None else "",
+            "components": {k: float(v) for k, v in credit.components.items()}}
+
+
 def experience(d: m.Decision, before: SnapshotView | None, after: SnapshotView, reward: float,
                max_bytes: int, late: bool = False, bound_pod: dict[str, Any] | None = None,
-               otherwise: str = "") -> tuple[m.Experience, str]:
+               otherwise: str = "", credit: dict[str, Any] | None = None) -> tuple[m.Experience, str]:
     """The transition of decision ``d`` and what is missing from it ("" when complete). When the encoded
     message would exceed ``max_bytes``, the cluster state is left out (``missing`` = oversized). ``late``: no
     snapshot from before ``d`` is known (``before`` is then ignored). ``bound_pod``: the pod of its ``pod_bound``
     event (used when neither snapshot has it); ``otherwise``: the reason to name when nothing else is missing."""
-    exp, missing, _ = encoded_experience(d, before, after, reward, max_bytes, late, bound_pod, otherwise)
+    exp, missing, _ = encoded_experience(d, before, after, reward, max_bytes, late, bound_pod, otherwise, credit)
     return exp, missing
 
 
 def encoded_experience(d: m.Decision, before: SnapshotView | None, after: SnapshotView, reward: float,
                        max_bytes: int, late: bool = False, bound_pod: dict[str, Any] | None = None,
-                       otherwise: str = "") -> tuple[m.Experience, str, bytes]:
+                       otherwise: str = "", credit: dict[str, Any] | None = None
+                       ) -> tuple[m.Experience, str, bytes]:
     """``experience`` and its wire bytes (encoded once: the size check's encoding is the one published)."""
     before = None if late else before
     state: dict[str, Any] = before.reference() if before is not None else {}
@@ -143,7 +198,7 @@ def encoded_experience(d: m.Decision, before: SnapshotView | None, after: Snapsh
     if missing:
         state["missing"] = missing
     exp = m.Experience(id=d.decision_id, cluster=d.cluster, state=state, action=action, reward=reward,
-                       next_state=after.reference(), time=after.msg.time)
+                       next_state=after.reference(), time=after.msg.time, credit=credit or {})
     data = m.encode(exp)
     if "cluster" in state and len(data) > max_bytes:
         state = {k: v for k, v in state.items() if k != "cluster"}

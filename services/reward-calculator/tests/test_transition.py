@@ -164,3 +164,35 @@ def test_an_openb_sized_transition_stays_well_under_the_message_limit(openb):
         assert np.array_equal(getattr(back, k), getattr(full, k)), k
     assert len(waiting) == len(pending) - 1
     assert feasible_nodes(pod, back).tolist() == feasible_nodes(pod, full).tolist()
+
+
+def test_each_decision_carries_its_own_credit_against_the_reference_policy():
+    from agmarl_common.core.credit import reference_credit
+    from agmarl_common.core.policies.kube import KubeDefaultPolicy
+    from agmarl_reward_calculator.transition import decision_credit
+
+    kube = KubeDefaultPolicy()
+    web = Pod("web", 1500, 1024)
+    before = snap(1, ((OLD, 0, ()),), (web,))
+    after_a = snap(2, ((OLD, 0, ()), (web, 0, ())))
+    # kube-default puts web on the idle node b; the decision packed it onto a (over the hot line): negative,
+    # exactly the core difference reward on the cluster the decision saw
+    packed = decision(web, "a").model_copy(update={"gpus": []})
+    credit = decision_credit(packed, before, kube)
+    state = before.cluster_state()
+    want, ref = reference_credit(state, web, 0, (), kube)
+    assert credit["reference"] == "kube-default" and credit["reference_node"] == "b" and ref == 1
+    assert credit["total"] == pytest.approx(want.total) and credit["total"] < 0
+    assert set(credit["components"]) == set(want.components) and "balance" in credit["components"]
+    # the same decision as the reference: 0, nothing moved
+    assert decision_credit(decision(web, "b").model_copy(update={"gpus": []}), before, kube) == {
+        "total": 0.0, "reference": "kube-default", "reference_node": "b", "components": {}}
+    # it travels in the experience and survives the wire
+    exp, missing = experience(packed, before, after_a, 0.5, LIMIT, credit=credit)
+    assert missing == "" and m.decode(m.Experience, m.encode(exp)).credit == credit
+    # what cannot be credited says why, and never guesses
+    assert decision_credit(packed, None, kube) == {"missing": "no_snapshot"}
+    assert decision_credit(packed.model_copy(update={"node": ""}), before, kube) == {"missing": "unschedulable"}
+    assert decision_credit(packed, after_a, kube) == {"missing": "raced"}
+    assert decision_credit(decision(Pod("ghost", 1, 1), "a"), before, kube) == {"missing": "unknown_pod"}
+    assert decision_credit(packed.model_copy(update={"node": "zz"}), before, kube) == {"missing": "unknown_node"}

@@ -11,8 +11,11 @@ the scheduler saw and what it did:
                        among ``state["pending"]`` (``ClusterSnapshot.pending`` form)
     action["node"]     the node it was bound to (a name)
 
-Use (``experience_samples``): the decisions whose reward is at or above the median reward of the usable
-transitions become imitation samples: the graph of that one pending pod (``features.build_graph``, the
+Use (``experience_samples``): the decisions whose signal is at or above the median of the usable transitions
+become imitation samples. The signal is each decision's own credit (``Experience.credit["total"]``: its
+placement's difference reward against a reference policy's on the same cluster, from the reward-calculator)
+when every usable transition carries one, else the window reward (shared by all decisions of a window, so it
+says little about any one of them). A sample is the graph of that one pending pod (``features.build_graph``, the
 code serving uses) labelled with the node it was bound to. Transitions that carry no cluster state (the
 reward-calculator leaves it out when it had no snapshot before the decision or the state was too large),
 name an unknown pod, or a node the hard filter rejects are counted by reason and not used. Everything
@@ -47,6 +50,7 @@ class Decision:
     choice: int  # position of the chosen node in ``candidates``
     reward: float
     workload: tuple[Pod, ...]  # the pods the cluster runs and waits for (fragmentation target)
+    credit: float | None = None  # its own difference reward (None: the experience carries none)
 
 
 def _cluster_dict(state: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -97,7 +101,9 @@ def decode_decision(exp: m.Experience) -> tuple[Decision | None, str]:
     if hit.size == 0:
         return None, "infeasible_node"
     workload = tuple(state.all_pods()) + tuple(p for p in pending if p.key != pod.key) + (pod,)
-    return Decision(state, pod, cand, int(hit[0]), float(exp.reward), workload), ""
+    total = exp.credit.get("total") if isinstance(exp.credit, Mapping) else None
+    credit = float(total) if isinstance(total, (int, float)) and np.isfinite(total) else None
+    return Decision(state, pod, cand, int(hit[0]), float(exp.reward), workload, credit), ""
 
 
 def reward_threshold(rewards: Sequence[float], quantile: float = 0.5) -> float:
@@ -106,11 +112,13 @@ def reward_threshold(rewards: Sequence[float], quantile: float = 0.5) -> float:
 
 
 def experience_samples(transitions: Iterable[m.Experience], quantile: float = 0.5, max_samples: int = 0,
-                       objective: str = "composite", scheme: str = "fixed") -> tuple[list[Sample], dict[str, int]]:
-    """Imitation samples from the decisions at or above the ``quantile`` of reward, and counts by outcome
-    (``used``, ``below_threshold`` and the ``decode_decision`` reasons). ``max_samples`` > 0 keeps the most
-    recent ones. The graphs carry the deployment's ``objective`` and reward ``scheme`` (the inputs the
-    serving model saw)."""
+                       objective: str = "composite", scheme: str = "fixed", signal: str = "auto"
+                       ) -> tuple[list[Sample], dict[str, int]]:
+    """Imitation samples from the decisions at or above the ``quantile`` of their signal, and counts by outcome
+    (``used``, ``below_threshold``, ``by_credit`` (1 when credit was the signal) and the ``decode_decision``
+    reasons). ``signal``: "credit", "reward", or "auto" (credit when every usable decision has one).
+    ``max_samples`` > 0 keeps the most recent ones. The graphs carry the deployment's ``objective`` and reward
+    ``scheme`` (the inputs the serving model saw)."""
     counts: dict[str, int] = {}
     decisions: list[Decision] = []
     for exp in transitions:
@@ -119,8 +127,17 @@ def experience_samples(transitions: Iterable[m.Experience], quantile: float = 0.
             counts[why] = counts.get(why, 0) + 1
         else:
             decisions.append(d)
-    cut = reward_threshold([d.reward for d in decisions], quantile)
-    above = [d for d in decisions if d.reward >= cut]
+    if signal not in ("auto", "credit", "reward"):
+        raise ValueError(f"signal must be auto, credit or reward, not {signal!r}")
+    by_credit = signal == "credit" or (signal == "auto" and bool(decisions)
+                                       and all(d.credit is not None for d in decisions))
+
+    def value(d: Decision) -> float:
+        return (d.credit if d.credit is not None else float("-inf")) if by_credit else d.reward
+
+    cut = reward_threshold([value(d) for d in decisions], quantile)
+    above = [d for d in decisions if value(d) >= cut]
+    counts["by_credit"] = int(by_credit)
     kept = above[-max_samples:] if max_samples > 0 else above
     counts["below_threshold"] = len(decisions) - len(above)
     counts["used"] = len(kept)
@@ -130,7 +147,8 @@ def experience_samples(transitions: Iterable[m.Experience], quantile: float = 0.
 def decision_sample(d: Decision, objective: str = "composite", scheme: str = "fixed") -> Sample:
     """The graph of the one pending pod on the state it saw, labelled with the candidate it was bound to."""
     graph = build_graph([d.pod], d.state, [d.candidates], FeatureContext.from_workload(d.workload, objective, scheme))
-    return Sample(graph, np.array([d.choice], np.int64), reward=d.reward)
+    credit = np.array([d.credit], float) if d.credit is not None else np.zeros(0)
+    return Sample(graph, np.array([d.choice], np.int64), reward=d.reward, credit=credit)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -32,11 +32,11 @@ from torch import Tensor
 
 from agmarl_common.core.cluster.filters import feasible_mask, feasible_nodes, violations
 from agmarl_common.core.cluster.model import GPU_MILLI, ClusterState, Node, Pod, bind
-from agmarl_common.core.credit import difference_reward
+from agmarl_common.core.credit import reference_credit
 from agmarl_common.core.features import FeatureContext, HeteroGraph, build_graph, device_for
-from agmarl_common.core.policies.base import PolicyBase, select_node
+from agmarl_common.core.policies.base import PolicyBase
 from agmarl_common.core.policies.kube import KubeDefaultPolicy
-from agmarl_common.core.reward import Outcomes, reward_components, total_reward
+from agmarl_common.core.reward import Outcomes, placement_base, reward_components, total_reward
 from agmarl_common.core.sim import dynamic, inflation
 from agmarl_common.core.sim.inflation import inflate_workload, pick_node
 
@@ -252,12 +252,10 @@ def _credits(pods: Sequence[Pod], cands: Sequence[np.ndarray], cluster: ClusterS
              placed: Sequence[tuple[int | None, tuple[int, ...]]], reference, ctx: FeatureContext) -> np.ndarray:
     """(P,) each agent's difference reward against ``reference``'s pick of its pod on the round's cluster."""
     out = np.zeros(len(pods))
+    base = placement_base(cluster)  # shared by every agent of the round
     for k, (pod, c, (node, gpus)) in enumerate(zip(pods, cands, placed)):
-        ref = select_node(reference, pod, cluster, c)
-        ref_gpus = (device_for(pod, cluster, ref, ctx) if pod.num_gpu else ()) if ref is not None else ()
-        if ref is not None and ref_gpus is None:
-            ref = None
-        out[k] = difference_reward(cluster, pod, node, gpus, ref, tuple(ref_gpus or ())).total
+        out[k] = reference_credit(cluster, pod, node, gpus, reference, c,
+                                  gpus_for=lambda p, s, i: device_for(p, s, i, ctx), base=base)[0].total
     return out
 
 

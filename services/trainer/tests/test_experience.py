@@ -100,7 +100,7 @@ def test_decisions_at_or_above_the_median_reward_become_labelled_samples():
     es = [exp(0, WEB, "small", 0.1), exp(1, WEB, "big", 0.9), exp(2, HUGE, "gpu", 0.5),
           exp(3, WEB, "big", 0.2, st={"util_cpu": 0.3})]
     samples, counts = experience_samples(es)
-    assert counts == {"no_cluster_state": 1, "below_threshold": 1, "used": 2}
+    assert counts == {"no_cluster_state": 1, "below_threshold": 1, "used": 2, "by_credit": 0}
     picked = []
     for s in samples:
         g = s.graph
@@ -108,6 +108,28 @@ def test_decisions_at_or_above_the_median_reward_become_labelled_samples():
         picked.append(NODES[int(g.cand_node[s.action[0]])].name)
     assert picked == ["big", "gpu"]  # the 0.9 and 0.5 decisions, in order; the 0.1 one is left out
     assert [s.reward for s in samples] == [0.9, 0.5]
+
+
+def test_each_decisions_own_credit_picks_the_samples_when_every_one_has_it():
+    # the window reward says the opposite of the credit: the shared reward was high in the window where the
+    # agents did worse than the reference, so only the per-agent credit points at the better decisions
+    rows = [(WEB, "big", 0.9, -0.2), (HUGE, "gpu", 0.8, -0.1), (WEB, "small", 0.1, 0.3), (HUGE, "big", 0.2, 0.05)]
+    exps = [exp(i, pod, node, r).model_copy(update={"credit": {"total": c, "reference": "kube-default"}})
+            for i, (pod, node, r, c) in enumerate(rows)]
+    samples, counts = experience_samples(exps)
+    assert counts["by_credit"] == 1 and counts["used"] == 2 and counts["below_threshold"] == 2
+    assert sorted(float(s.credit[0]) for s in samples) == [0.05, 0.3]
+    # the window reward instead (asked for, or when one usable experience has no credit): the other two
+    _, by_reward = experience_samples(exps, signal="reward")
+    mixed = [*exps[:3], exp(3, HUGE, "big", 0.2)]
+    picked, counts = experience_samples(mixed)
+    assert by_reward["by_credit"] == 0 and counts["by_credit"] == 0
+    assert sorted(s.reward for s in picked) == [0.8, 0.9]
+    with pytest.raises(ValueError):
+        experience_samples(exps, signal="luck")
+    # a credit that is not a finite number is no credit
+    d, _ = decode_decision(exps[0].model_copy(update={"credit": {"total": float("nan")}}))
+    assert d is not None and d.credit is None
 
 
 def test_max_samples_keeps_the_most_recent():
@@ -220,6 +242,8 @@ async def test_live_experience_from_the_reward_calculator_becomes_samples(nats_u
             assert why == "" and d is not None, e.state.get("missing")
             assert d.pod.key == dec.pod_key and NODES[d.candidates[d.choice]].name == dec.node
             assert d.state.pods_used.tolist() == state_from_dict(snap.state).pods_used.tolist()  # what it saw
+        assert e.credit["reference"] == "kube-default" and isinstance(e.credit["total"], float)  # its own credit
+        assert d.credit == e.credit["total"]
         samples, counts = experience_samples(got, quantile=0.0)
         assert counts["used"] == 3 and len(samples) == 3
         labels = [NODES[int(s.graph.cand_node[s.action[0]])].name for s in samples]

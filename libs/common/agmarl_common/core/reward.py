@@ -30,9 +30,9 @@ from typing import Mapping
 
 import numpy as np
 
-from agmarl_common.core.cluster.model import ClusterState
-from agmarl_common.core.cluster.metrics import sla_violators
-
+from agmarl_common.core.cluster.model import GPU_MILLI, ClusterState, Pod
+from agmarl_common.core.cluster.metrics import node_cpu_pressure, sla_violators
+from agmarl_common.core.cluster.specs import LS_QOS
 UTILISATION_KNEE = 0.8  # above this, utilisation is penalised (overload risk)
 HOT_NODE_THRESHOLD = 0.8  # cpu pressure above which a node is overloaded for LS pods
 PENDING_TIME_REF_S = 30.0  # mean pending time that halves the wait score
@@ -84,10 +84,16 @@ def node_utilisation(state: ClusterState) -> np.ndarray:
 
 def utilisation_by_resource(state: ClusterState) -> dict[str, float]:
     """Cluster-wide requested / allocatable per resource (schedulable nodes only)."""
+    return _utilisation(state, state.cpu_used, state.mem_used, state.gpu_used.sum(axis=1))
+
+
+def _utilisation(state: ClusterState, cpu_used: np.ndarray, mem_used: np.ndarray,
+                 gpu_used: np.ndarray) -> dict[str, float]:
+    """``utilisation_by_resource`` of ``state``'s nodes with these per-node requests (gpu: milli per node)."""
     m = state.schedulable
     out = {}
-    for name, used, cap in (("cpu", state.cpu_used, state.cpu_cap), ("memory", state.mem_used, state.mem_cap),
-                            ("gpu", state.gpu_used.sum(axis=1), state.gpu_count * 1000)):
+    for name, used, cap in (("cpu", cpu_used, state.cpu_cap), ("memory", mem_used, state.mem_cap),
+                            ("gpu", gpu_used, state.gpu_count * 1000)):
         total = float(cap[m].sum())
         out[name] = float(used[m].sum()) / total if total > 0 else 0.0
     return out
@@ -95,7 +101,10 @@ def utilisation_by_resource(state: ClusterState) -> dict[str, float]:
 
 def cluster_load(state: ClusterState) -> float:
     """Mean of cpu and memory utilisation (and gpu when the cluster has GPUs): the scheme's load."""
-    util = utilisation_by_resource(state)
+    return _load(state, utilisation_by_resource(state))
+
+
+def _load(state: ClusterState, util: Mapping[str, float]) -> float:
     used = [util["cpu"], util["memory"]] + ([util["gpu"]] if state.gpu_count.sum() > 0 else [])
     return float(np.mean(used))
 
@@ -114,6 +123,18 @@ def balance_std(state: ClusterState) -> float:
     if len(u) == 0:
         return 0.0
     return float(np.std(u[:, :2].mean(axis=1)))
+
+
+def _balance_std(state: ClusterState, cpu_used: np.ndarray, mem_used: np.ndarray) -> float:
+    """``balance_std`` of ``state``'s nodes with these per-node requests (the same arithmetic)."""
+    if state.n_nodes == 0:
+        return 0.0
+    cpu = cpu_used / np.maximum(state.cpu_cap, 1)
+    mem = mem_used / np.maximum(state.mem_cap, 1)
+    u = np.stack([cpu, mem], axis=1)[state.schedulable]
+    if len(u) == 0:
+        return 0.0
+    return float(np.std(u.mean(axis=1)))
 
 
 def score_balance(std: float) -> float:
@@ -167,21 +188,117 @@ def business_terms(state: ClusterState) -> dict[str, float]:
 
 def reward_components(state: ClusterState, outcomes: Outcomes) -> dict[str, float]:
     """Every component in [0, 1], higher is better (the five of ``COMPONENTS`` and their sub-terms)."""
+    return _components(cluster_load(state), balance_std(state), score_ls_placement(state), business_terms(state),
+                       int(state.pods_used.sum()), outcomes)
+
+
+def _components(load: float, std: float, ls_ok: float, business: Mapping[str, float], n_bound: int,
+                outcomes: Outcomes) -> dict[str, float]:
     seen = outcomes.pending + outcomes.scheduled + outcomes.failed
     pending = 1.0 - outcomes.pending / seen if seen else 1.0
     failed = 1.0 - outcomes.failed / seen if seen else 1.0
     wait = score_wait(outcomes.pending_time_s)
-    ls_ok = score_ls_placement(state)
-    business = business_terms(state)
     return {
-        "utilisation": score_utilisation(cluster_load(state)),
-        "balance": score_balance(balance_std(state)),
+        "utilisation": score_utilisation(load),
+        "balance": score_balance(std),
         "pending": pending, "failed": failed, "wait": wait, "ls_ok": ls_ok,
         "sla": (pending + failed + wait + ls_ok) / 4.0,
-        "constraints": score_constraints(outcomes.violations, int(state.pods_used.sum())),
+        "constraints": score_constraints(outcomes.violations, n_bound),
         **business,
         "business": (business["io_locality"] + business["net_locality"]) / 2.0,
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# The components after one more placement, without rebuilding the cluster (credit per decision)
+
+
+@dataclass(frozen=True)
+class PlacementBase:
+    """What the components of every placement of one more pod on ``state`` share, computed once: the loops
+    over bound pods (LS pods per node and which nodes are hot, the locality counts). ``placement_base``
+    builds it; ``components_after`` uses it."""
+
+    state: ClusterState
+    hot: np.ndarray  # (n,) cpu pressure over HOT_NODE_THRESHOLD
+    ls_on: np.ndarray  # (n,) LS pods per node
+    ls_bad: int  # LS pods on hot nodes
+    ls_total: int
+    io_total: int
+    io_ok: int
+    zones: Mapping[tuple[str, str], Mapping[str, int]]  # (namespace, service) -> zone -> pods
+    heavy: Mapping[tuple[str, str], Mapping[str, int]]  # the network-heavy ones among them
+    net_sum: float  # sum of the network-heavy pods' peer shares (``business_terms``)
+    net_count: int
+
+
+def _net_part(zones: Mapping[str, int], heavy: Mapping[str, int]) -> tuple[float, int]:
+    """(sum of peer shares, how many) of one service's network-heavy pods (none count without peers)."""
+    peers = sum(zones.values()) - 1
+    if peers <= 0:
+        return 0.0, 0
+    return sum(n * (zones.get(z, 0) - 1) / peers for z, n in heavy.items()), sum(heavy.values())
+
+
+def placement_base(state: ClusterState) -> PlacementBase:
+    """The shared part of ``components_after`` for ``state`` (one pass over its bound pods)."""
+    hot = node_cpu_pressure(state) > HOT_NODE_THRESHOLD
+    ls_on = np.array([sum(1 for p in pods if p.qos == LS_QOS) for pods in state.bound], dtype=np.int64)
+    io_total = io_ok = 0
+    zones: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    heavy: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for node, pods in zip(state.nodes, state.bound):
+        ssd = node.labels.get(LOCAL_SSD_LABEL) == "true"
+        for p in pods:
+            if p.labels.get(IO_HEAVY_LABEL) == "true":
+                io_total += 1
+                io_ok += ssd
+            if p.service:
+                key = (p.namespace, p.service)
+                zones[key][node.zone] += 1
+                if p.labels.get(NETWORK_HEAVY_LABEL) == "true":
+                    heavy[key][node.zone] += 1
+    parts = [_net_part(zones[key], h) for key, h in heavy.items()]
+    return PlacementBase(state, hot, ls_on, int(ls_on[hot].sum()) if len(ls_on) else 0, int(ls_on.sum()),
+                         io_total, io_ok, zones, heavy, float(sum(p[0] for p in parts)), sum(p[1] for p in parts))
+
+
+def components_after(base: PlacementBase, pod: Pod, node: int, gpus: tuple[int, ...],
+                     outcomes: Outcomes) -> dict[str, float]:
+    """``reward_components(bind(base.state, pod, node, gpus), outcomes)``, computed from ``base``: the
+    arrays of one node change, the loops over bound pods are not run again (equal up to float rounding)."""
+    state, i = base.state, int(node)
+    cpu, mem = state.cpu_used.astype(np.float64), state.mem_used.astype(np.float64)
+    cpu[i] += pod.cpu_milli
+    mem[i] += pod.memory_mib
+    gpu = state.gpu_used.sum(axis=1).astype(np.float64)
+    gpu[i] += (pod.gpu_milli if pod.is_gpu_share else GPU_MILLI) * len(gpus)
+    # LS pods on hot nodes: only node i's pressure moves
+    used_i = float(cpu[i]) if state.cpu_load is None else max(float(cpu[i]), float(state.cpu_load[i]))
+    cap_i = float(state.cpu_cap[i])
+    hot_i = (used_i / cap_i if cap_i > 0 else 0.0) > HOT_NODE_THRESHOLD
+    ls = int(pod.qos == LS_QOS)
+    bad = base.ls_bad - (int(base.ls_on[i]) if base.hot[i] else 0) + ((int(base.ls_on[i]) + ls) if hot_i else 0)
+    total = base.ls_total + ls
+    ls_ok = 1.0 - bad / total if total else 1.0
+    # locality: the pod's own service is the only one whose shares move
+    io_heavy = pod.labels.get(IO_HEAVY_LABEL) == "true"
+    io_total = base.io_total + io_heavy
+    io_ok = base.io_ok + (io_heavy and state.nodes[i].labels.get(LOCAL_SSD_LABEL) == "true")
+    net_sum, net_count = base.net_sum, base.net_count
+    if pod.service:
+        key, zone = (pod.namespace, pod.service), state.nodes[i].zone
+        zones, heavy = dict(base.zones.get(key, {})), dict(base.heavy.get(key, {}))
+        old = _net_part(zones, heavy) if heavy else (0.0, 0)
+        zones[zone] = zones.get(zone, 0) + 1
+        if pod.labels.get(NETWORK_HEAVY_LABEL) == "true":
+            heavy[zone] = heavy.get(zone, 0) + 1
+        new = _net_part(zones, heavy) if heavy else (0.0, 0)
+        net_sum, net_count = net_sum - old[0] + new[0], net_count - old[1] + new[1]
+    business = {"io_locality": io_ok / io_total if io_total else 1.0,
+                "net_locality": net_sum / net_count if net_count else 1.0}
+    return _components(_load(state, _utilisation(state, cpu, mem, gpu)), _balance_std(state, cpu, mem), ls_ok,
+                       business, int(state.pods_used.sum()) + 1, outcomes)
 
 
 def total_reward(components: Mapping[str, float], weights: RewardWeights = RewardWeights()) -> float:

@@ -151,6 +151,7 @@ class Experience(Message):
     reward: float
     next_state: dict[str, Any]
     time: float
+    credit: dict[str, Any] = {}  # the decision's own difference reward (reward-calculator ``decision_credit``)
 
 
 class PolicySelection(Message):
