@@ -5,7 +5,7 @@ only", DESIGN.md "Shape of the shared library").
 Every import counts: module level, inside functions, under ``if TYPE_CHECKING:`` (a deferred import that
 dodges a cycle is still a cycle). The layers, low to high, and their groups:
 
-    0  core      agmarl_common.core: .cluster, .sim, .policies, .features, .reward, .adaptive, .pathnames
+    0  core      agmarl_common.core: .cluster, .scoring, .sim, .policies, .features, .reward, .adaptive, .pathnames
     1  runtime   agmarl_common.runtime: .messages, .subjects, .bus, .service, .telemetry, .metrics, .settings,
                  .natsserver, .natsauth, .permissions, .health
     2  kube      agmarl_common.kube (conversion, the client loader)  |  serving  agmarl_common.serving
@@ -16,12 +16,15 @@ dodges a cycle is still a cycle). The layers, low to high, and their groups:
 
 A module imports its own group and lower layers only: never a higher layer, never a sibling group of its
 layer (no service imports another service; kube and serving stay apart; nothing shipped imports a test
-rig). Inside the core: the cluster model imports no other part of it, features do not import policies,
-the reward does not import the simulator. A library test (libs/common/tests) imports and runs the library
+rig). Inside the core: the cluster model imports no other part of it; the pure pair scorers
+(``core.scoring``, the kube-scheduler plugins and the reward-aware score) sit below both the policies and
+the features and import neither, nor the simulator; features do not import policies; the reward does not
+import the simulator. A library test (libs/common/tests) imports and runs the library
 only: no service, no CLI, not even as ``python -m agmarl_trainer...`` in a string.
 
-A current import that breaks a rule and needs a larger move to fix is listed in ``ALLOWED`` with its
-reason; an entry that no longer matches an import fails too, so the list only shrinks.
+A current import that breaks a rule and needs a larger move to fix would be listed in ``ALLOWED`` with its
+reason (the list is empty now); an entry that no longer matches an import fails too, so the list only
+shrinks.
 """
 
 from __future__ import annotations
@@ -52,6 +55,9 @@ SERVICE_LAYER = 3
 FORBIDDEN = [
     *[("agmarl_common.core.cluster", core, "the cluster model and hard filter are the bottom of the core")
       for core in ("agmarl_common.core.sim", "agmarl_common.core.policies", "agmarl_common.core.features*", "agmarl_common.core.reward",
+                   "agmarl_common.core.adaptive", "agmarl_common.core.scoring")],
+    *[("agmarl_common.core.scoring", core, "the pair scorers sit below the policies and the features, beside the simulator")
+      for core in ("agmarl_common.core.policies", "agmarl_common.core.features*", "agmarl_common.core.sim",
                    "agmarl_common.core.adaptive")],
     ("agmarl_common.core.features*", "agmarl_common.core.policies", "features do not import policies"),
     ("agmarl_common.core.reward", "agmarl_common.core.sim", "the reward does not import the simulator"),
@@ -59,11 +65,7 @@ FORBIDDEN = [
 
 # (importer, imported) -> why it is still here. Importer: a module, or a library test file (path from the
 # repository root). Imported: a module, or for a library test the package it names.
-ALLOWED = {
-    ("agmarl_common.core.features.pairs", "agmarl_common.core.policies.rewardaware"):
-        "the reward_gain column is the reward-aware expert's score (with kube-default's preference "
-        "plugins); the pure pair scorers move below both features and policies in a core.scoring package",
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def _matches(module: str, pattern: str) -> bool:
@@ -303,3 +305,16 @@ def test_the_allow_list_holds_only_current_exceptions():
     current = set(layer_violations()) | set(library_test_violations())
     stale = sorted(k for k in set(ALLOWED) - current if _exists(k[0]))  # skip files not in this tree
     assert not stale, f"remove these ALLOWED entries, the import is gone: {stale}"
+
+
+def test_the_pair_scorers_sit_below_policies_and_features():
+    def rules(importer: str, imported: str) -> list[str]:
+        return [rule for src, dst, rule in FORBIDDEN if _matches(importer, src) and _matches(imported, dst)]
+
+    for above in ("agmarl_common.core.policies.kube", "agmarl_common.core.features.pairs", "agmarl_common.core.sim.inflation"):
+        assert rules("agmarl_common.core.scoring.rewardaware", above), above
+    assert rules("agmarl_common.core.cluster.model", "agmarl_common.core.scoring.kube_resources")
+    assert not rules("agmarl_common.core.features.pairs", "agmarl_common.core.scoring.rewardaware")
+    # one owner, shared: both the expert policy and the model's reward_gain column read the same scorer
+    assert "agmarl_common.core.scoring.rewardaware" in GRAPH["agmarl_common.core.policies.rewardaware"]
+    assert "agmarl_common.core.scoring.rewardaware" in GRAPH["agmarl_common.core.features.pairs"]

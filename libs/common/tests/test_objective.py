@@ -109,7 +109,7 @@ def test_each_harness_tells_the_policy_its_objective():
 
 
 def test_the_gain_follows_the_reward_scheme():
-    from agmarl_common.core.policies.rewardaware import RewardAwareConfig
+    from agmarl_common.core.scoring.rewardaware import RewardAwareConfig
 
     state, pods = busy_synthetic()
     cands = [feasible_nodes(p, state) for p in pods[:8]]

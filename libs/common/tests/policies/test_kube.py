@@ -24,22 +24,26 @@ from agmarl_common.core.cluster.model import (
 )
 from agmarl_common.core.policies.base import Policy, select_node
 from agmarl_common.core.policies.kube import (
-    WITH_GPU,
     KubeDefaultPolicy,
     KubeResourcesPolicy,
     MostAllocatedPolicy,
     RequestedToCapacityRatioPolicy,
+)
+from agmarl_common.core.scoring.kube_affinity import (
+    score_inter_pod_affinity,
+    score_node_affinity,
+    score_pod_topology_spread,
+    score_taint_toleration,
+)
+from agmarl_common.core.scoring.kube_resources import (
+    WITH_GPU,
     balance_score,
     broken_linear,
     default_normalize,
     score_balanced_allocation,
-    score_inter_pod_affinity,
     score_least_allocated,
     score_most_allocated,
-    score_node_affinity,
-    score_pod_topology_spread,
     score_requested_to_capacity_ratio,
-    score_taint_toleration,
 )
 from agmarl_common.core.policies.registry import get_policy, policy_names, register_policy
 

@@ -20,9 +20,9 @@ from agmarl_common.core.cluster.model import (
 )
 from agmarl_common.core.policies.base import Policy, select_node
 from agmarl_common.core.policies.registry import get_policy, policy_names
-from agmarl_common.core.policies.rewardaware import (
+from agmarl_common.core.policies.rewardaware import RewardAwarePolicy
+from agmarl_common.core.scoring.rewardaware import (
     RewardAwareConfig,
-    RewardAwarePolicy,
     gain_weights,
     overload_loss,
     reward_gains,

@@ -11,7 +11,8 @@ import pytest
 
 from agmarl_common.core.cluster.filters import feasible_nodes
 from agmarl_common.core.policies.registry import get_policy
-from agmarl_common.core.policies.rewardaware import RewardAwareConfig, RewardAwarePolicy, reward_gains_batch
+from agmarl_common.core.policies.rewardaware import RewardAwarePolicy
+from agmarl_common.core.scoring.rewardaware import RewardAwareConfig, reward_gains_batch
 from agmarl_common.core.reward import IO_HEAVY_LABEL, NETWORK_HEAVY_LABEL, SCHEMES
 from agmarl_common.core.sim import dynamic, synthetic
 

@@ -1,7 +1,7 @@
 """Label, node-selector, toleration and pod-affinity-term matching, with Kubernetes' semantics.
 
 Pure predicates over the plain types of ``cluster.model``. The hard filter (``filters.py``) and the
-scorers (``policies/kube_resources.py``, ``policies/kube_affinity.py``) share them, so a term means
+scorers (``scoring/kube_resources.py``, ``scoring/kube_affinity.py``) share them, so a term means
 the same thing everywhere.
 
 Two conventions worth knowing:

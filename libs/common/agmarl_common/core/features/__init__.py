@@ -258,7 +258,7 @@ def pod_feature_key(pod: Pod, objective: str = "composite") -> tuple:
     """What the model's inputs read of a pod (``pod_features``, ``pair_features``): pods with equal keys
     get equal pod rows and, on the same candidate nodes, equal pair rows, hence equal scores. Under the
     composite objective the ``reward_gain`` column also reads the pod's labels, service, QoS class and
-    preferences (what ``policies.rewardaware`` scores)."""
+    preferences (what ``scoring.rewardaware`` scores)."""
     key = (pod.cpu_milli, pod.memory_mib, pod.num_gpu, pod.gpu_milli if pod.num_gpu > 0 else 0, tuple(pod.gpu_spec),
            pod.qos in ("LS", "Guaranteed"))
     if objective != "composite":

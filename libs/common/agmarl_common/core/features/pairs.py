@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from agmarl_common.core.cluster.model import GPU_MILLI, MAX_GPUS, ClusterState, Pod
-from agmarl_common.core.policies.rewardaware import RewardAwareConfig, RewardAwarePolicy
+from agmarl_common.core.scoring.rewardaware import RewardAwareConfig, score_reward_aware_batch
 from agmarl_common.core.sim.fragmentation import TargetWorkload, node_frag_amount, pod_shape
 
 EDGE_FEATURES = ("cpu_left", "mem_left", "gpu_left", "gpu_left_frac", "frag_delta", "fgd_score", "frag_after",
@@ -178,7 +178,7 @@ def current_memos(memo: dict, jobs: list[tuple[tuple, np.ndarray]], state: Clust
 def objective_gains(pods: Sequence[Pod], state: ClusterState, candidates: Sequence[np.ndarray], objective: str,
                     scheme: str = "fixed") -> np.ndarray:
     """(E,) the ``reward_gain`` column, pod-major: under the ``composite`` objective, each pod's
-    reward-aware score of its candidates (``policies.rewardaware``: the one-step change of the composite
+    reward-aware score of its candidates (``scoring.rewardaware``: the one-step change of the composite
     reward of ``scheme``, plus kube-default's preference plugins) rescaled within the pod to [-1, 0]
     (its best candidate 0, its worst -1; all 0 when they tie); 0 everywhere under ``allocation`` (the
     GPU-packing objective of the inflation protocol, which the composite reward does not measure)."""
@@ -186,9 +186,8 @@ def objective_gains(pods: Sequence[Pod], state: ClusterState, candidates: Sequen
     sizes = [len(c) for c in candidates]
     if objective != "composite":
         return np.zeros(int(sum(sizes)))
-    expert = RewardAwarePolicy(RewardAwareConfig(scheme=scheme))
     cols = []
-    for s in expert.score_batch(pods, state, candidates):
+    for s in score_reward_aware_batch(pods, state, candidates, RewardAwareConfig(scheme=scheme)):
         spread = float(s.max() - s.min()) if s.size else 0.0
         cols.append((s - s.max()) / spread if spread > 1e-12 else np.zeros(s.size))
     return np.concatenate(cols) if cols else np.zeros(0)

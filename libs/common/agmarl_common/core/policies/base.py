@@ -17,8 +17,7 @@ from typing import Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from agmarl_common.core.cluster.model import GPU_MILLI, MAX_GPUS, ClusterState, Pod, choose_gpus
-
-MAX_NODE_SCORE = 100
+from agmarl_common.core.scoring.kube_resources import MAX_NODE_SCORE
 
 
 @runtime_checkable

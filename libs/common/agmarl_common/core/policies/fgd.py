@@ -18,7 +18,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from agmarl_common.core.cluster.model import GPU_MILLI, MAX_GPUS, ClusterState, Pod, choose_gpus
-from agmarl_common.core.policies.base import MAX_NODE_SCORE, Policy, PolicyBase
+from agmarl_common.core.policies.base import Policy, PolicyBase
+from agmarl_common.core.scoring.kube_resources import MAX_NODE_SCORE
 from agmarl_common.core.sim.fragmentation import TargetWorkload, node_frag_amount, pod_shape, target_workload
 
 MAX_SPEC_CPU = 128_000

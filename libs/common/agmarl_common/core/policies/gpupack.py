@@ -30,10 +30,11 @@ from typing import Sequence
 import numpy as np
 
 from agmarl_common.core.cluster.model import ClusterState, Pod
-from agmarl_common.core.policies.base import MAX_NODE_SCORE, PolicyBase, normalise_scores
+from agmarl_common.core.policies.base import PolicyBase, normalise_scores
 from agmarl_common.core.policies.fgd import FgdPolicy
 from agmarl_common.core.policies.fgdpack import TIE_SHARE, FgdPackPolicy
 from agmarl_common.core.policies.headroom import guard_policy
+from agmarl_common.core.scoring.kube_resources import MAX_NODE_SCORE
 from agmarl_common.core.sim.fragmentation import pod_shape
 from agmarl_common.core.cluster.specs import LS_QOS
 

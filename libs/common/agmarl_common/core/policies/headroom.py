@@ -41,10 +41,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from agmarl_common.core.cluster.model import ClusterState, Pod
-from agmarl_common.core.policies.rewardaware import RewardAwareConfig, RewardAwarePolicy
+from agmarl_common.core.policies.rewardaware import RewardAwarePolicy
 from agmarl_common.core.reward import HOT_NODE_THRESHOLD
 from agmarl_common.core.cluster.metrics import node_cpu_pressure
 from agmarl_common.core.cluster.specs import LS_QOS
+from agmarl_common.core.scoring.rewardaware import RewardAwareConfig
 
 
 def shape_fragmentation(free: np.ndarray, cap: np.ndarray, shapes: np.ndarray, share: np.ndarray) -> np.ndarray:

@@ -1,27 +1,10 @@
-"""kube-scheduler's default scoring plugins with their real formulas, and the policies built on them.
+"""The policies built on kube-scheduler's default scoring plugins: the default profile (``KubeDefaultPolicy``),
+its resource part (``KubeResourcesPolicy``), MostAllocated and RequestedToCapacityRatio, and the framework's
+weighted sum of plugins they share (``WeightedPluginsPolicy``).
 
-Faithful to kube-scheduler v1.36 (BalancedAllocation scores the change in balance the pod makes,
-since v1.36.0, kubernetes PR #135573); checked plugin by plugin against placements and per-plugin
-scores recorded from a real v1.36 scheduler (``agmarl fidelity kube``, docs/kube-fidelity.md).
-
-Each ``score_*`` is a pure function ``(pod, state, candidates) -> (len(candidates),) float`` of
-0..100 scores, already normalised the way the plugin's NormalizeScore does it over the candidate
-(filtered) nodes. Integer arithmetic follows the Go code (int64 truncation, math.Round where Go
-rounds), so a score here equals kube-scheduler's for the same cluster.
-
-Sources (kubernetes pkg/scheduler/framework/plugins): noderesources/{least_allocated,
-most_allocated, requested_to_capacity_ratio, balanced_allocation, resource_allocation}.go,
-tainttoleration, nodeaffinity, podtopologyspread/scoring.go, interpodaffinity/scoring.go,
-helper.DefaultNormalizeScore and helper.BuildBrokenLinearFunction.
-
-Not modelled: ImageLocality (the model has no images; it scores 0 on every node when nodes report
-no ``status.images``), DynamicResources scoring (no resource claims), the system-default spread
-constraints (they need the pod's owning Service/ReplicaSet), VolumeBinding scoring. The final
-score is sum(weight * plugin score) over the plugins, as the framework sums them.
-
-The scorers live in ``policies.kube_resources`` (resource allocation) and ``policies.kube_affinity``
-(taints, node affinity, topology spread, inter-pod affinity); this module re-exports them and
-holds the policies that combine them.
+The plugins themselves (pure scorers with kube-scheduler v1.36's formulas, 0..100, Go integer arithmetic)
+live in ``agmarl_common.core.scoring`` (``kube_resources``, ``kube_affinity``; the profile weights and the
+weighted sum in ``kube_profile``), below both the policies and the learned model's features.
 """
 
 from __future__ import annotations
@@ -32,49 +15,25 @@ import numpy as np
 
 from agmarl_common.core.cluster.model import ClusterState, Pod
 from agmarl_common.core.policies.base import PolicyBase
-from agmarl_common.core.policies.kube_affinity import (
-    HARD_POD_AFFINITY_WEIGHT,
+from agmarl_common.core.scoring.kube_affinity import (
     score_inter_pod_affinity,
     score_node_affinity,
     score_pod_topology_spread,
     score_taint_toleration,
 )
-from agmarl_common.core.policies.kube_resources import (
-    CPU,
-    DEFAULT_MEMORY_REQUEST_MIB,
-    DEFAULT_MILLI_CPU_REQUEST,
+from agmarl_common.core.scoring.kube_profile import DEFAULT_PLUGIN_WEIGHTS, Scorer, score_weighted
+from agmarl_common.core.scoring.kube_resources import (
     DEFAULT_RESOURCES,
-    GPU,
-    MEMORY,
     PACKING_SHAPE,
-    WITH_GPU,
     ResourceSpec,
-    balance_score,
-    broken_linear,
-    default_normalize,
-    pod_request,
-    resource_request_and_allocatable,
     score_balanced_allocation,
     score_balanced_allocation_many,
     score_least_allocated,
     score_least_allocated_many,
     score_most_allocated,
     score_requested_to_capacity_ratio,
-    zero_request_counts,
 )
 
-__all__ = [
-    "CPU", "DEFAULT_MEMORY_REQUEST_MIB", "DEFAULT_MILLI_CPU_REQUEST", "DEFAULT_PLUGIN_WEIGHTS", "DEFAULT_RESOURCES",
-    "GPU", "HARD_POD_AFFINITY_WEIGHT", "MEMORY", "PACKING_SHAPE", "WITH_GPU", "KubeDefaultPolicy",
-    "KubeResourcesPolicy", "MostAllocatedPolicy", "RequestedToCapacityRatioPolicy", "ResourceSpec", "Scorer",
-    "WeightedPluginsPolicy", "balance_score", "broken_linear", "default_normalize", "pod_request",
-    "resource_request_and_allocatable",
-    "score_balanced_allocation", "score_inter_pod_affinity", "score_least_allocated", "score_most_allocated",
-    "score_node_affinity", "score_pod_topology_spread", "score_requested_to_capacity_ratio",
-    "score_taint_toleration", "zero_request_counts",
-]
-
-Scorer = Callable[[Pod, ClusterState, np.ndarray], np.ndarray]
 ManyScorer = Callable[[Sequence[Pod], ClusterState], np.ndarray]  # (P, n_nodes) scores of every pod on every node
 
 
@@ -82,16 +41,6 @@ def _resource_plugins_many(resources: tuple[ResourceSpec, ...]) -> dict[str, Man
     """The node-local resource plugins of the default profile, scoring many pods at once."""
     return {"NodeResourcesFit": lambda pods, s: score_least_allocated_many(pods, s, resources),
             "NodeResourcesBalancedAllocation": lambda pods, s: score_balanced_allocation_many(pods, s, resources)}
-
-
-DEFAULT_PLUGIN_WEIGHTS: dict[str, int] = {  # kube-scheduler v1 default profile score weights
-    "TaintToleration": 3,
-    "NodeAffinity": 2,
-    "NodeResourcesFit": 1,
-    "PodTopologySpread": 2,
-    "InterPodAffinity": 2,
-    "NodeResourcesBalancedAllocation": 1,
-}
 
 
 class WeightedPluginsPolicy(PolicyBase):
@@ -113,10 +62,7 @@ class WeightedPluginsPolicy(PolicyBase):
         return {name: scorer(pod, state, c) for name, (scorer, _) in self.plugins.items()}
 
     def score(self, pod: Pod, state: ClusterState, candidates: np.ndarray) -> np.ndarray:
-        total = np.zeros(len(candidates), dtype=np.float64)
-        for name, s in self.plugin_scores(pod, state, candidates).items():
-            total += self.plugins[name][1] * s
-        return total
+        return score_weighted(self.plugins, pod, state, candidates)
 
     def score_batch(self, pods: Sequence[Pod], state: ClusterState,
                     candidates_list: Sequence[np.ndarray]) -> list[np.ndarray]:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from agmarl_common.core.cluster.model import ClusterState, Pod
-from agmarl_common.core.policies.base import MAX_NODE_SCORE, PolicyBase
+from agmarl_common.core.policies.base import PolicyBase
+from agmarl_common.core.scoring.kube_resources import MAX_NODE_SCORE
 
 # Trimaran defaults (pkg/apis/config/v1 defaults)
 TLP_TARGET_PERCENT = 40

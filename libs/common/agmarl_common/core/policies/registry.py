@@ -91,7 +91,8 @@ for _cls in (KubeDefaultPolicy, KubeResourcesPolicy, MostAllocatedPolicy, Reques
 
 def _register_reward_aware() -> None:
     """``reward-aware`` (fixed-scheme weights) and one variant per other reward scheme."""
-    from agmarl_common.core.policies.rewardaware import RewardAwareConfig, RewardAwarePolicy  # noqa: PLC0415
+    from agmarl_common.core.policies.rewardaware import RewardAwarePolicy  # noqa: PLC0415
+    from agmarl_common.core.scoring.rewardaware import RewardAwareConfig  # noqa: PLC0415
     from agmarl_common.core.reward import SCHEMES  # noqa: PLC0415
 
     for scheme in SCHEMES:

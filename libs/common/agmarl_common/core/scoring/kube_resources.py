@@ -1,7 +1,7 @@
 """kube-scheduler's resource scoring plugins (NodeResourcesFit LeastAllocated / MostAllocated /
-RequestedToCapacityRatio, NodeResourcesBalancedAllocation) and the normalisation helpers the
-scorers of ``policies.kube`` share; conventions (pure, 0..100, Go integer arithmetic) are in
-``policies.kube``'s docstring.
+RequestedToCapacityRatio, NodeResourcesBalancedAllocation), the framework's score range
+(``MAX_NODE_SCORE``) and the normalisation helpers the kube scorers share; conventions (pure, 0..100, Go
+integer arithmetic) and sources are in ``agmarl_common.core.scoring``'s docstring.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Sequence
 import numpy as np
 
 from agmarl_common.core.cluster.model import GPU_MILLI, ClusterState, Pod, pod_index
-from agmarl_common.core.policies.base import MAX_NODE_SCORE
 
+MAX_NODE_SCORE = 100  # framework.MaxNodeScore: a score plugin's range is 0..100
 DEFAULT_MILLI_CPU_REQUEST = 100  # schedutil.DefaultMilliCPURequest
 DEFAULT_MEMORY_REQUEST_MIB = 200  # schedutil.DefaultMemoryRequest (200 * 1024 * 1024 bytes)
 CPU, MEMORY, GPU = "cpu", "memory", "nvidia.com/gpu"

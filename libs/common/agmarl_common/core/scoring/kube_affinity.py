@@ -1,6 +1,6 @@
 """kube-scheduler's label, taint and topology scoring plugins: TaintToleration, NodeAffinity,
 PodTopologySpread (ScheduleAnyway) and InterPodAffinity; conventions (pure, 0..100, Go integer
-arithmetic) are in ``policies.kube``'s docstring.
+arithmetic) are in ``agmarl_common.core.scoring``'s docstring.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from agmarl_common.core.cluster.selectors import (
     pod_matches_node_affinity,
     term_matches_pod,
 )
-from agmarl_common.core.policies.base import MAX_NODE_SCORE
-from agmarl_common.core.policies.kube_resources import _go_round, default_normalize
+from agmarl_common.core.scoring.kube_resources import MAX_NODE_SCORE, _go_round, default_normalize
 
 HARD_POD_AFFINITY_WEIGHT = 1  # InterPodAffinityArgs.hardPodAffinityWeight default
 
