@@ -316,6 +316,9 @@ async def run(faults: list[Fault], root: Path, nodes: int = 50, stop_seconds: fl
     reader: Bus | None = None
     supervisor: asyncio.Task | None = None
     experiences, following, follower = ExperienceLog(), asyncio.Event(), None
+    main_task = asyncio.current_task()
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # stopped from outside: the finally below stops what it started
+        asyncio.get_running_loop().add_signal_handler(sig, main_task.cancel)
     try:
         system.start_nats()
         env = {**local_model_keys(root), "AGMARL_CLUSTER": CLUSTER, "AGMARL_SIM_NODES": str(nodes),
