@@ -36,18 +36,6 @@ REPO = Path(__file__).resolve().parents[3]
 CLUSTER = "modelreg"
 
 
-@pytest.fixture(scope="session")
-def smoke_model(tmp_path_factory) -> Path:
-    """A small trained model (smoke config), shared by every test module of the session."""
-    out = tmp_path_factory.getbasetemp() / "agmarl-smoke-model"
-    if not (out / "manifest.json").is_file():
-        run = subprocess.run([sys.executable, "-m", "agmarl_trainer.cli", "--config", "configs/train/smoke.yaml",
-                              "--out", str(out), "--runs-dir", str(out.parent / "agmarl-smoke-runs")],
-                             cwd=REPO, capture_output=True, text=True, timeout=300)
-        assert run.returncode == 0, run.stderr[-3000:]
-    return out
-
-
 def version_files(model: Path, version: str, corrupt: str = "", key: Path | None = None) -> tuple[dict[str, bytes], dict]:
     """The model's files as version ``version`` (its manifest renamed; digests unchanged), signed with
     ``key`` unless None; ``corrupt`` names a file whose bytes are altered after the manifest was written."""
