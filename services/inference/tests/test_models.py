@@ -32,7 +32,6 @@ from agmarl_testing.extender import graph_full
 from agmarl_common.core.sim import traces
 from agmarl_testing.fixtures import wait_healthy
 
-REPO = Path(__file__).resolve().parents[3]
 CLUSTER = "modelreg"
 
 
