@@ -17,7 +17,12 @@ batch comes). Two measurements:
    kube-apiserver is available here). Printed: pods/s until every pod is decided (ledger status binding, bound or unschedulable) and
    until every Binding was accepted by the stand-in, counted from the first PendingPod published (the
    messages are encoded before: in a cluster the state-collector, another process, does that). The binder
-   publishes a ``Decision`` on JetStream for each bound pod, in the same process and event loop.
+   publishes a ``Decision`` on JetStream for each bound pod, in the same process and event loop. Also printed:
+   pods decided per CPU second of this process until then (the binder, the binding threads and the publishing
+   of the PendingPods; nats-server and the stand-in are other processes).
+
+``--no-decompose`` runs the learned policy with ``actor.onnx`` as exported instead of
+``serving.actor_head.DecomposedActor`` (the before/after comparison of that change, in one tree).
 
 The load average is printed with the figures: on a shared 2-core machine they vary with it.
 
@@ -66,10 +71,12 @@ def replace_scheduler(p: Pod) -> Pod:
     return replace(p, scheduler_name=AGMARL_BATCH_SCHEDULER)
 
 
-def make_policy(name: str, seed: int, workload: list[Pod], nodes: tuple, warm: list[Pod]):
+def make_policy(name: str, seed: int, workload: list[Pod], nodes: tuple, warm: list[Pod], decompose: bool = True):
     """(the briefed policy, seconds its warm-up took): one batch of ``warm`` on the empty cluster, thrown
     away, fills what is derived once per cluster (topology domains, node masks, the model's embeddings)."""
     policy = get_policy(name, seed)
+    if not decompose and getattr(policy, "head", None) is not None:
+        policy.head = None  # the learned policy runs actor.onnx as exported
     brief(policy, workload)
     t0 = time.perf_counter()
     decide_batch(warm, ClusterState.empty(nodes), policy)
@@ -148,17 +155,17 @@ async def through_binder(policy, nodes: tuple, pods: list[Pod], warm: list[Pod],
             # encoded before the clock starts: in a cluster the state-collector, another process, encodes them
             now = time.time()
             wire = [m.encode(m.PendingPod(cluster=cluster, pod=to_dict(p), seen_at=now, seq=1)) for p in pods]
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             for data in wire:
                 await bus.publish(subjects.pending(cluster), data)
-            decided_at = bound_at = None
+            decided_at = bound_at = decided_cpu = None
             placed = bound = 0
             while bound_at is None and time.perf_counter() - t0 < 300:
                 if decided_at is None:  # every pod had its first decision (a later release does not undo it)
                     if len(led.entries) == len(pods) and all(
                             any(h.startswith(("binding", "unschedulable")) for h in e.history)
                             for e in led.entries.values()):
-                        decided_at = time.perf_counter() - t0
+                        decided_at, decided_cpu = time.perf_counter() - t0, time.process_time() - c0
                         placed = len(pods) - led.counts()["unschedulable"]
                 else:
                     bound = await asyncio.to_thread(ask, "count")
@@ -167,7 +174,8 @@ async def through_binder(policy, nodes: tuple, pods: list[Pod], warm: list[Pod],
                 await asyncio.sleep(0.02)
             released = Counter(h.split(":", 1)[1].strip()[:60] for e in led.entries.values() for h in e.history
                                if h.startswith("queued:") or h.startswith("attempt "))
-            return {"decided_s": decided_at, "bound_s": bound_at, "batches": binder.batches, "bound": bound,
+            return {"decided_s": decided_at, "decided_cpu_s": decided_cpu, "bound_s": bound_at,
+                    "batches": binder.batches, "bound": bound,
                     "counts": led.counts(), "released": dict(released)}
         finally:
             await binder.stop()
@@ -192,6 +200,8 @@ def main() -> None:
     ap.add_argument("--binder", action="store_true", help="also through the batch binder and the stand-in API")
     ap.add_argument("--binder-batches", nargs="+", type=int, default=[64, 256],
                     help="the binder's max_pods (64 is the service's default)")
+    ap.add_argument("--no-decompose", action="store_true",
+                    help="the learned policy runs actor.onnx as exported, not serving.actor_head.DecomposedActor")
     args = ap.parse_args()
     nodes, pods, warm, workload = load(args)
     print(f"batch throughput: {len(pods)} pending pods ({args.workload}, inflation order, seed {args.seed}) "
@@ -201,7 +211,8 @@ def main() -> None:
         for batch in args.batch_sizes:
             walls, cpus, warmups, placed = [], [], [], 0
             for _ in range(args.repeats):
-                policy, warmup = make_policy(name, args.seed, workload, nodes, warm)  # fresh caches each run
+                policy, warmup = make_policy(name, args.seed, workload, nodes, warm,  # fresh caches each run
+                                             not args.no_decompose)
                 warmups.append(warmup)
                 wall, cpu, placed = in_process(policy, nodes, pods, batch)
                 walls.append(wall)
@@ -216,12 +227,14 @@ def main() -> None:
         work = Path(tempfile.mkdtemp(prefix="agmarl-batch-bench-"))
         for name in args.policies:
             for batch in args.binder_batches:
-                policy, _ = make_policy(name, args.seed, workload, nodes, warm)
+                policy, _ = make_policy(name, args.seed, workload, nodes, warm, not args.no_decompose)
                 r = asyncio.run(through_binder(policy, nodes, pods, warm, batch, work))
                 decided = len(pods) / r["decided_s"] if r["decided_s"] else float("nan")
                 bound = len(pods) / r["bound_s"] if r["bound_s"] else float("nan")
                 verdict = "met" if decided >= TARGET else "missed"
-                print(f"  binder      {name:14s} batch {batch:5d}: {decided:7.0f} pods/s decided, "
+                per_cpu = len(pods) / r["decided_cpu_s"] if r["decided_cpu_s"] else float("nan")
+                print(f"  binder      {name:14s} batch {batch:5d}: {decided:7.0f} pods/s decided "
+                      f"({per_cpu:.0f} per CPU-s of this process, binder and binding threads), "
                       f"{bound:7.0f} pods/s bound ({r['bound']} Bindings accepted by the STAND-IN API, "
                       f"{r['batches']} batches; ledger {r['counts']}{'; released ' + str(r['released']) if r['released'] else ''}); "
                       f"target {verdict}")

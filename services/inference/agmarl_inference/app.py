@@ -34,6 +34,7 @@ STARTUP_VIEW_WAIT_S = 10.0  # ... and this long for the first full graph (else t
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 MAX_UNACKED = 64  # decisions published to JetStream and not yet acknowledged; one more waits for the oldest
 FLUSH_WAIT_S = 5.0  # at shutdown, how long the decisions still unacknowledged are waited for
+PREPARE_YIELDS = 3  # event-loop turns the policy's ``prepare`` waits after a decision: its publish goes out first
 
 
 class InferenceApp:
@@ -58,6 +59,9 @@ class InferenceApp:
         # decisions published and waiting for their JetStream acknowledgement: the loop decides the next pod
         # meanwhile (publishes go out in decision order on the one connection, so the stream keeps that order)
         self._unacked: set[asyncio.Task] = set()
+        # set when the view changed: ``prepare_loop`` brings the active policy's per-node caches up to it
+        # between pods, so that the next pod's decision does not start with that work
+        self.view_changed = asyncio.Event()
         # cleared by main() until the KV selection was read, so that no pod is decided on the start-up policy
         self.selection_loaded = asyncio.Event()
         self.selection_loaded.set()
@@ -195,7 +199,29 @@ class InferenceApp:
         task = asyncio.get_running_loop().create_task(self._publish(ctx, decision, pod, policy.name, result))
         self._unacked.add(task)
         task.add_done_callback(self._unacked.discard)
+        self.view_changed.set()
         self.latency.observe(max(0.0, decided_at - msg.seen_at))
+
+    async def on_graph(self, msg: m.GraphUpdate, ctx: HandlerContext) -> None:
+        await self.replica.on_update(msg, ctx)
+        self.view_changed.set()
+
+    async def prepare_loop(self) -> None:
+        """After each change of the view (a decision assumed, a graph update), once the loop has sent what
+        the change published: the active policy's ``prepare`` (e.g. the learned policy's node features, node
+        embeddings and actor tables), the work of a cluster change done once between pods instead of at the
+        start of the next pod's decision. Decisions are the same; ``prepare`` is optional."""
+        while True:
+            await self.view_changed.wait()
+            self.view_changed.clear()
+            for _ in range(PREPARE_YIELDS):
+                await asyncio.sleep(0)
+            prepare = getattr(self.policy, "prepare", None)
+            if callable(prepare) and self.view.warm:
+                try:
+                    prepare(self.view.state)
+                except Exception:  # noqa: BLE001 - an optimisation: the next decision does the work itself
+                    self.rt.log.exception("policy %s: prepare failed", self.policy.name)
 
     async def _publish(self, ctx: HandlerContext, decision: m.Decision, pod, policy: str, result: str) -> None:
         """Publish one decision to the DECISIONS stream and wait for its acknowledgement. A decision JetStream
@@ -233,7 +259,7 @@ async def main() -> int:
     rt = ServiceRuntime(SERVICE, settings)
     app = InferenceApp(rt, settings)
     rt.handle(subjects.pending(settings.cluster), m.PendingPod, queue=settings.pending_queue_group)(app.on_pending)
-    rt.handle(subjects.graph(settings.cluster), m.GraphUpdate)(app.replica.on_update)
+    rt.handle(subjects.graph(settings.cluster), m.GraphUpdate)(app.on_graph)
     rt.handle(subjects.policy_selection(), m.PolicySelection)(app.on_policy)
     rt.handle(subjects.model_published(), m.ModelPublished)(app.on_model_published)
     rt.health_details = lambda: {"policy": app.policy.name, "model_version": app.model_version,
@@ -259,6 +285,7 @@ async def main() -> int:
             app.selection_loaded.set()
     app.replica.request_sync("start")
     rt.spawn(app.replica.expire_loop(), name="assumed-expiry")
+    rt.spawn(app.prepare_loop(), name="policy-prepare")
     await app.models.start()
     await start_extender(rt, extender, settings)
     # Everything that exists now (modules, FastAPI, pydantic schemas, OTel, NATS) lives as long as the

@@ -93,3 +93,29 @@ async def test_a_decision_jetstream_refuses_is_counted_and_its_pod_decided_again
     finally:
         server.stop()
 
+
+
+async def test_the_policy_prepares_for_the_next_pod_after_the_decision_went_out(nats_url, tmp_path):
+    """``prepare_loop``: after a decision, once its publish was handed to the connection, the active policy's
+    ``prepare`` gets the view's state with the decision assumed; a policy without ``prepare`` is left alone."""
+    app, rt, cluster = await started_app(nats_url, tmp_path)
+    calls: list[tuple[float, int]] = []  # (cpu assumed in the state prepared, messages the client had sent)
+    app.policy.prepare = lambda state: calls.append((float(state.cpu_used.sum()), rt.bus.nc.stats["out_msgs"]))
+    loop = asyncio.get_running_loop().create_task(app.prepare_loop())
+    try:
+        await rt.bus.ensure_streams()
+        sent = rt.bus.nc.stats["out_msgs"]
+        await app.on_pending(pending(cluster, 0), context(rt))
+        assert not calls  # not inside the decision
+        assert await until(lambda: len(calls) == 1)
+        assert calls[0][0] == 100  # the state with the pod assumed
+        assert calls[0][1] > sent  # the decision's publish went out first
+        await app.on_pending(pending(cluster, 1), context(rt))
+        assert await until(lambda: len(calls) == 2) and calls[1][0] == 200
+        del app.policy.prepare
+        await app.on_pending(pending(cluster, 2), context(rt))
+        await app.flush_decisions()
+        assert len(calls) == 2
+    finally:
+        loop.cancel()
+        await rt.shutdown()

@@ -9,8 +9,10 @@ Serving cost is kept down by caching per cluster (one ``nodes`` tuple):
   memoised per pod shape and node usage;
 - node embeddings: ``EncoderCache`` re-runs the encoder only on the L-hop neighbourhood of the rows that
   changed (the same numbers as a full pass up to float rounding), a full pass when many rows changed;
-- the actor reads only the candidate nodes' rows (the pairs' inputs), so a pod with few candidates on a
-  large cluster costs little.
+- the actor: ``actor_head.DecomposedActor`` (the same function, its first layer split per input block)
+  keeps per-node tables updated on the rows whose embedding changed, so per pod only the pairs' part runs;
+  ONNX Runtime's ``actor.onnx`` itself for a graph it does not recognise (e.g. a quantised one) and when
+  built with ``decompose=False``, fed only the candidate nodes' rows.
 Sessions run with one intra-op and one inter-op thread (the contract: ScatterND with duplicate indexes is
 wrong with more threads in ORT 1.32). Calls are serialised by a lock (the caches are shared state).
 """
@@ -27,6 +29,7 @@ import numpy as np
 import onnxruntime as ort
 
 from agmarl_common.serving import modelstore
+from agmarl_common.serving.actor_head import DecomposedActor
 from agmarl_common.core.cluster.model import ClusterState, Pod
 from agmarl_common.core.features import (EDGE_FEATURES, NODE_FEATURES, POD_FEATURES, FeatureContext, HeteroGraph, build_graph,
                                     check_objective, device_for, identical_pods)
@@ -102,6 +105,8 @@ class EncoderCache:
     the embeddings that can change are those of A = L-hop out-neighbourhood of C; the encoder runs on
     the subgraph induced by A and its L-hop in-neighbourhood (which holds every edge A's embeddings read)
     and rows A are replaced. When that subgraph exceeds ``max_share`` of the nodes, a full pass.
+    ``version`` counts the changes of ``emb``; ``dirty`` holds the rows the last one changed (None after a
+    full pass: any row).
     """
 
     def __init__(self, session: ort.InferenceSession, layers: int, max_share: float = 0.25):
@@ -110,6 +115,8 @@ class EncoderCache:
         self.node_x: np.ndarray | None = None
         self.emb: np.ndarray | None = None
         self.full_passes = self.partial_passes = 0
+        self.version = 0
+        self.dirty: np.ndarray | None = None
 
     def _set_edges(self, edges: np.ndarray, n: int) -> None:
         self.edges = edges
@@ -117,14 +124,19 @@ class EncoderCache:
         self._in = _csr(edges[1], n)
 
     def _hops(self, rows: np.ndarray, csr: tuple[np.ndarray, np.ndarray], end: np.ndarray) -> np.ndarray:
-        seen = rows
+        """Sorted rows within ``layers`` hops of ``rows`` along ``csr`` (``rows`` included)."""
+        seen = np.zeros(csr[0].size - 1, bool)
+        seen[rows] = True
+        frontier = rows
         for _ in range(self.layers):
-            nxt = end[_gather(seen, *csr)]
-            seen = np.union1d(seen, nxt)
-        return seen
+            nxt = end[_gather(frontier, *csr)]
+            frontier = nxt[~seen[nxt]]
+            seen[frontier] = True
+        return np.flatnonzero(seen)
 
     def _full(self, node_x: np.ndarray) -> np.ndarray:
         self.full_passes += 1
+        self.version, self.dirty = self.version + 1, None
         self.node_x = node_x.copy()
         self.emb = self.session.run(None, {"node_x": node_x, "nn_edge_index": self.edges})[0]
         return self.emb
@@ -143,6 +155,7 @@ class EncoderCache:
         if needed.size > self.max_share * n:
             return self._full(node_x)
         self.partial_passes += 1
+        self.version, self.dirty = self.version + 1, affected
         mask = np.zeros(n, bool)
         mask[needed] = True
         eids = _gather(needed, *self._in)  # edges into needed rows ...
@@ -164,10 +177,11 @@ class OnnxModelPolicy(PolicyBase):
     that sample grows (``TARGET_GROWTH``). ``objective`` (``features.OBJECTIVES``; ``set_objective``) is
     what the model is asked to optimise: the composite reward (default) or GPU allocation (the inflation
     protocol); ``scheme`` (``reward.SCHEMES``) weights the composite reward's ``reward_gain`` input. The
-    model is fed the feature columns its manifest names (``input_columns``)."""
+    model is fed the feature columns its manifest names (``input_columns``). ``decompose``: score pairs
+    with ``DecomposedActor`` when the actor graph allows it (else, and with False, ``actor.onnx`` as is)."""
 
     def __init__(self, artifact: modelstore.ModelArtifact, max_share: float = 0.25, objective: str = "composite",
-                 scheme: str = "fixed"):
+                 scheme: str = "fixed", decompose: bool = True):
         check_objective(objective)
         if scheme not in SCHEMES:
             raise ValueError(f"unknown reward scheme {scheme!r}; known: {', '.join(SCHEMES)}")
@@ -178,6 +192,7 @@ class OnnxModelPolicy(PolicyBase):
         self.manifest = artifact.manifest
         self.encoder = make_session(artifact.files[modelstore.ENCODER_FILE])
         self.actor = make_session(artifact.files[modelstore.ACTOR_FILE])
+        self.head = DecomposedActor.from_onnx(artifact.files[modelstore.ACTOR_FILE], self.actor) if decompose else None
         self.max_share = max_share
         self._lock = threading.RLock()
         self._observed = False
@@ -221,6 +236,8 @@ class OnnxModelPolicy(PolicyBase):
         self._nodes, self._node_key = (), ()
         self._aliases = {}
         self._cache = EncoderCache(self.encoder, self.artifact.layers, self.max_share)
+        if self.head is not None:
+            self.head.nodes = self.head.table()
 
     def _note(self, pods: Sequence[Pod], state: ClusterState) -> None:
         """Grow the implicit target workload (when none was observed)."""
@@ -294,11 +311,34 @@ class OnnxModelPolicy(PolicyBase):
         return logits, attention
 
     def forward(self, g: HeteroGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(node_emb, logits, attention) of a graph, as ``export.onnx_scores`` computes them."""
+        """(node_emb, logits, attention) of a graph, as ``export.onnx_scores`` computes them (to float32
+        rounding with the decomposed actor)."""
         with self._lock:
-            emb = self._cache(g.node_x, g.nn_edge_index)
-            logits, attention = self.run_actor(emb, g)
+            cache = self._cache
+            emb = cache(g.node_x, g.nn_edge_index)
+            if self.head is None:
+                logits, attention = self.run_actor(emb, g)
+            else:
+                tables = self.head.nodes.update(emb, g.node_x, (id(cache), cache.version), cache.dirty)
+                logits, attention = self.head.run(tables, g.pod_x, g.cand_pod, g.cand_node, g.cand_attr)
             return emb, logits, attention
+
+    def prepare(self, state: ClusterState) -> None:
+        """Bring the per-node caches up to ``state`` ahead of the next pod: node features, node embeddings
+        and the actor's node tables (what a pod's ``score`` would otherwise recompute first). Nothing else
+        changes: the next ``score`` on this state gives the same scores, only sooner. A no-op before the
+        policy has a feature context (the first pod or ``observe_workload`` makes one)."""
+        with self._lock:
+            if self._context is None:
+                return
+            state = self._canonical(state)
+            node_x = self._context.node_x(state)
+            cols = self._cols["node"]
+            node_x = node_x if cols is None else np.ascontiguousarray(node_x[:, cols])
+            cache = self._cache
+            emb = cache(node_x, self._context.nn_edges(state))
+            if self.head is not None:
+                self.head.nodes.update(emb, node_x, (id(cache), cache.version), cache.dirty)
 
     # --- the Policy protocol ---------------------------------------------------------------------
 
