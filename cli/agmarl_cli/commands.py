@@ -56,10 +56,13 @@ async def decisions_tail(namespace: str | None, cluster: str, last: int, follow_
         await bus.close()
 
 
-async def retrain(reason: str, timeout: float) -> int:
+async def retrain(reason: str, timeout: float, config: str = "") -> int:
+    """Publish a train request (``config``: a file of configs/train/ for the fine-tune, "" = the trainer's
+    default) and print the trainer's first answer."""
     bus = await Bus.connect(find_nats_url(), name="agmarl-retrain", auth=find_nats_auth(write=True))
     try:
-        req = m.TrainRequest(request_id=uuid.uuid4().hex, reason=reason, evidence={"source": "cli"},
+        evidence = {"source": "cli", **({"train_config": config} if config else {})}
+        req = m.TrainRequest(request_id=uuid.uuid4().hex, reason=reason, evidence=evidence,
                              requested_at=time.time())
         status = await bus.request(subjects.train_request(), req, m.TrainStatus, timeout=timeout)
         print(f"trainer: {status.status}: {status.detail}" + (f" (model {status.model_version})"

@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     rt = sub.add_parser("retrain", help="ask the trainer for a new model and print its answer")
     rt.add_argument("--reason", required=True)
     rt.add_argument("--timeout", type=float, default=10.0)
+    rt.add_argument("--config", default="", metavar="NAME",
+                    help="a fine-tuning config of configs/train/ (default: the trainer's, finetune.yaml)")
 
     tr = sub.add_parser("trace", help="print a decision's span tree from local trace files")
     tr.add_argument("query", help="trace id, or pod (namespace/name or name)")
@@ -234,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             return 0
     if args.cmd == "retrain":
-        return asyncio.run(commands.retrain(args.reason, args.timeout))
+        return asyncio.run(commands.retrain(args.reason, args.timeout, args.config))
     if args.cmd == "nats-creds":
         from agmarl_cli.natscreds import nats_creds  # noqa: PLC0415
         return nats_creds(args.dir, args.rotate, args.k8s, args.namespace, args.container_readable)

@@ -1,5 +1,6 @@
-"""trainer: answers retrain requests, fine-tunes the serving model in a worker process, and publishes the
-result only when the promotion gate says it beats what serves.
+"""trainer: answers retrain requests, improves the serving model in a worker process (search-based
+improvement on simulator episodes plus the recorded experience, ``finetune.py``), and publishes the result
+only when the promotion gate says it beats what serves on held-out seeds.
 
 A request is answered at once ("accepted", or "rejected" while another run is in progress) and the same
 status is published. The run: the incumbent is what serves (KV ``agmarl_config/active_policy``; with no
@@ -13,8 +14,8 @@ responsive. Then "running", and at the end:
 - "done" with the model version when the gate promoted the candidate: its manifest is signed with the
   trainer's key (``model_signing_key``; ``manifest.sig``, docs/security.md), every model file is stored in
   the Object Store bucket ``agmarl_models`` as ``<version>/<file>`` and ``model_published`` announces it;
-- "rejected" with the gate's reason and the metrics of candidate, incumbent, FGD and BestFit (nothing
-  published);
+- "rejected" with the gate's reason (the paired gain on the held-out seeds) and the metrics of candidate,
+  incumbent and the baselines (nothing published);
 - "failed" with the reason (no signing key configured among them).
 
 A request id becomes the run's folder ``<work>/<request id>``: one that is not a single safe path component

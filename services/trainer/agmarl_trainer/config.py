@@ -68,6 +68,9 @@ class SearchConfig:
     kl_max: float = 0.05  # trust region: distillation past this mean KL to the start goes back to its last check inside
     buffer: int = 20000  # improved labels kept across iterations (newest first)
     eval_nodes: int = 0  # held-out sub-cluster size (0 = eval.sub_nodes); seeds, pod lists: eval.sub_seeds, .workloads
+    # fine-tuning (finetune.py) only: the newest recorded decisions at or above the median reward added to every
+    # iteration's distillation as cross-entropy targets (0 = none)
+    experience_max: int = 2000
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,19 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class GateConfig:
+    """The promotion gate of a fine-tune (``finetune.py``): candidate and serving model paired per seed on
+    sub-clusters the fine-tune never used (seeds disjoint from ``eval.sub_seeds``, which pick the search's best
+    iteration, and from the training episodes' seeds; checked at run time)."""
+
+    seeds: tuple[int, ...] = (2000, 2001, 2002, 2003, 2004, 2005, 2006, 2007)
+    sub_nodes: int = 0  # held-out sub-cluster size (0 = eval.sub_nodes); pod lists: eval.workloads
+    min_gain: float = 0.05  # the mean paired alloc_at_100 gain (percentage points) must be above this
+    dynamic_seeds: int = 2  # the first this many seeds also run the dynamic simulator (the hard_violations guard)
+    baselines: tuple[str, ...] = ("fgd", "bestfit")  # evaluated on the same runs, for reference (not gated on)
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     name: str = "default"
     seed: int = 0
@@ -101,6 +117,7 @@ class TrainConfig:
     rl: RLConfig = field(default_factory=RLConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
 
 
 def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:

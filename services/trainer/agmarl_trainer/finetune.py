@@ -1,20 +1,28 @@
-"""Fine-tuning, top to bottom: incumbent weights -> experience + simulator samples -> imitation -> gate.
+"""Fine-tuning, top to bottom: serving weights -> search-based improvement on simulator episodes plus
+recorded experience -> paired promotion gate on held-out seeds -> export.
 
 1. Start from the weights of the model that serves (``model.pt`` of the incumbent's model folder; when a
    baseline serves, of the newest model; from scratch only when no model folder has a ``model.pt``).
    The network shape is the incumbent's, whatever the config's ``net`` says.
-2. Data: the simulator's expert samples (``imitation.expert_tasks`` of the config: FGD on openb
-   sub-clusters, a kube-scheduler baseline on dynamic synthetic workloads) plus the recorded decisions
-   that earned at least the median reward (``experience.experience_samples``).
-3. ``imitation.epochs`` passes of minibatch cross-entropy (``imitation.imitation_loss``) at
-   ``imitation.lr``, from those weights. No PPO here (``agmarl train`` has it).
-4. Evaluation for the promotion gate: candidate, incumbent and the baselines FGD and BestFit on the same
-   protocol, workloads and seeds: openb inflation on held-out sub-clusters (``eval.sub_nodes`` nodes,
-   seeds ``eval.sub_seeds``, pod lists ``eval.workloads``) -> ``alloc_at_100``; the dynamic simulator
-   (``sim.dynamic_nodes`` synthetic nodes, ``sim.dynamic_horizon_s``, the first dynamic workload, the same
+2. Improvement: ``search.train_search`` (the method ``agmarl train --config configs/train/search.yaml`` uses)
+   from those weights: ``search.iterations`` rounds of simulator episodes of the current policy on openb
+   sub-clusters whose ``search.top_k`` candidates at sampled decision points are tried with
+   ``search.rollout_policy`` rollouts (the best by GPU allocation is the label), distilled with cross-entropy +
+   ``search.anchor`` * KL to the serving model inside the ``search.kl_max`` trust region; the iteration with
+   the best mean on ``eval.sub_seeds`` is kept (the start on a tie).
+   Recorded experience: the newest ``search.experience_max`` decisions at or above the median reward
+   (``experience.experience_samples``: the graph the scheduler saw, labelled with the node it bound to) are
+   added to every iteration's distillation as cross-entropy targets. They pull the policy towards the
+   well-rewarded live decisions; they are not searched (a recorded decision has no future arrivals to roll
+   out) and the held-out selection and the gate measure the simulator protocol only.
+3. Gate evaluation: candidate, incumbent and the baselines ``gate.baselines`` (FGD, BestFit) on the same protocol, workloads
+   and seeds, held out from the fine-tune (``gate.seeds``, disjoint from ``eval.sub_seeds`` and from every
+   training episode's seed, checked): openb inflation on ``gate.sub_nodes``-node sub-clusters, pod lists
+   ``eval.workloads`` -> ``alloc_at_100`` per run and its mean; the dynamic simulator (``sim.dynamic_nodes``
+   synthetic nodes, ``sim.dynamic_horizon_s``, the first dynamic workload, the first ``gate.dynamic_seeds``
    seeds) -> ``hard_violations`` (summed) and ``dynamic_reward`` (mean per round).
-5. ``promotion.promotion_gate``; only a promoted (or forced) candidate is exported (ONNX, parity check,
-   manifest) into ``out_dir``. Everything lands in ``result.json``.
+4. ``promotion.promotion_gate``, paired per run, margin ``gate.min_gain``; only a promoted (or forced)
+   candidate is exported (ONNX, parity check, manifest) into ``out_dir``. Everything lands in ``result.json``.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ import copy
 import dataclasses
 import time
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping
 
 import numpy as np
 import torch
@@ -32,14 +40,13 @@ from agmarl_common.core.policies.registry import MODEL_PREFIX
 from agmarl_common.core.sim import dynamic, synthetic
 from agmarl_trainer.config import TrainConfig, config_to_dict, load_config
 from agmarl_trainer.experience import experience_samples, read_experience
-from agmarl_trainer.imitation import expert_policy, expert_tasks, minibatches, openb_nodes, \
-    openb_pods, run_tasks
+from agmarl_trainer.imitation import expert_policy, openb_nodes, openb_pods
 from agmarl_trainer.model import PolicyNet
 from agmarl_trainer.promotion import GateRule, promotion_gate
-from agmarl_trainer.rollout import Sample, run_dynamic_episode, run_inflation_episode, sub_cluster, torch_scorer
-from agmarl_trainer.train import MetricsLog, imitation_step
+from agmarl_trainer.rollout import run_dynamic_episode, run_inflation_episode, sub_cluster, torch_scorer
+from agmarl_trainer.search import train_search
+from agmarl_trainer.train import MetricsLog
 
-BASELINES = ("fgd", "bestfit")
 SCRATCH = "scratch (no model.pt)"
 
 
@@ -57,7 +64,7 @@ class Incumbent:
 
 
 # ---------------------------------------------------------------------------------------------
-# 1-3: weights, data, fit
+# 1: weights
 
 
 def start_net(inc: Incumbent, cfg: TrainConfig) -> tuple[PolicyNet, TrainConfig, str]:
@@ -72,27 +79,8 @@ def start_net(inc: Incumbent, cfg: TrainConfig) -> tuple[PolicyNet, TrainConfig,
     return PolicyNet(cfg.net), cfg, SCRATCH
 
 
-def fit(net: PolicyNet, samples: Sequence[Sample], cfg: TrainConfig, rng: np.random.Generator,
-        log: MetricsLog) -> dict[str, float]:
-    """``imitation.epochs`` passes of minibatch cross-entropy on ``samples``, from the current weights."""
-    ic = cfg.imitation
-    if not samples or ic.epochs <= 0:
-        return {"steps": 0}
-    opt = torch.optim.Adam(net.parameters(), lr=ic.lr)
-    step, last = 0, {}
-    net.train()
-    for _ in range(ic.epochs):
-        for idx in minibatches(len(samples), ic.batch_graphs, rng):
-            loss, acc = imitation_step(net, net, opt, [samples[i] for i in idx], ic.logit_penalty)
-            step += 1
-            last = {"loss": round(loss.item(), 4), "accuracy": round(acc, 4)}
-            log.row(phase="finetune", step=step, lr=ic.lr, **last)
-    net.eval()
-    return {"steps": step, **last}
-
-
 # ---------------------------------------------------------------------------------------------
-# 4: evaluation on one protocol for every policy
+# 3: evaluation on one protocol for every policy
 
 Actor = Callable[[], dict]  # -> run_*_episode keyword arguments (a fresh scorer or expert per episode)
 
@@ -102,22 +90,28 @@ def dynamic_workload(cfg: TrainConfig) -> str:
     return cfg.sim.dynamic_workloads[0] if cfg.sim.dynamic_workloads else ""
 
 
+def gate_seeds(cfg: TrainConfig) -> tuple[int, ...]:
+    return tuple(cfg.gate.seeds)
+
+
 def evaluate_policies(actors: Mapping[str, Actor], cfg: TrainConfig) -> dict[str, dict[str, float]]:
-    """{policy: {alloc_at_100, alloc_at_100_runs, hard_violations, dynamic_reward}}, same seeds for all."""
+    """{policy: {alloc_at_100, alloc_at_100_runs, hard_violations, dynamic_reward}} on the gate's held-out seeds,
+    the same for all (``alloc_at_100_runs``: one per (workload, seed), in that order)."""
     out: dict[str, dict[str, float]] = {}
     dyn_workload = dynamic_workload(cfg)
     sim = dynamic.SimConfig(tick_s=cfg.sim.dynamic_tick_s, horizon_s=cfg.sim.dynamic_horizon_s)
+    n_nodes = cfg.gate.sub_nodes or cfg.eval.sub_nodes
     dyn_cases = []  # (seed, nodes, pods): the same for every policy
-    for seed in cfg.eval.sub_seeds if dyn_workload else ():
+    for seed in gate_seeds(cfg)[:max(0, cfg.gate.dynamic_seeds)] if dyn_workload else ():
         nodes = synthetic.synthetic_cluster(cfg.sim.dynamic_nodes, seed=seed)
         dyn_cases.append((seed, nodes, synthetic.generate(dyn_workload, nodes, horizon_s=cfg.sim.dynamic_horizon_s,
                                                           seed=seed)))
     for name, actor in actors.items():
         allocs, violations, rewards = [], 0.0, []
         for workload in cfg.eval.workloads:
-            for seed in cfg.eval.sub_seeds:
+            for seed in gate_seeds(cfg):
                 rng = np.random.default_rng(seed)
-                nodes = sub_cluster(openb_nodes(), cfg.eval.sub_nodes, rng)
+                nodes = sub_cluster(openb_nodes(), n_nodes, rng)
                 allocs.append(run_inflation_episode(nodes, openb_pods(workload), rng, record_prob=0.0,
                                                     **actor()).alloc_at_100)
         for seed, nodes, pods in dyn_cases:
@@ -146,16 +140,26 @@ def incumbent_actor(inc: Incumbent, weights: PolicyNet | None = None) -> Actor:
 
 
 def protocol(cfg: TrainConfig) -> dict:
-    return {"inflation": {"sub_nodes": cfg.eval.sub_nodes, "seeds": list(cfg.eval.sub_seeds),
+    seeds = list(gate_seeds(cfg))
+    return {"inflation": {"sub_nodes": cfg.gate.sub_nodes or cfg.eval.sub_nodes, "seeds": seeds,
                           "workloads": list(cfg.eval.workloads), "metric": "alloc_at_100 (GPU allocation % at "
                                                                             "100 % of capacity arrived)"},
             "dynamic": {"nodes": cfg.sim.dynamic_nodes, "horizon_s": cfg.sim.dynamic_horizon_s,
-                        "workload": dynamic_workload(cfg),
-                        "seeds": list(cfg.eval.sub_seeds)}}
+                        "workload": dynamic_workload(cfg), "seeds": seeds[:max(0, cfg.gate.dynamic_seeds)]}}
+
+
+def check_held_out(cfg: TrainConfig, train_seeds: tuple[int, ...] = ()) -> None:
+    """The gate's seeds are used by nothing else: not the search's selection seeds, not a training episode."""
+    if not cfg.gate.seeds:
+        raise ValueError("gate.seeds is empty: the promotion gate needs held-out seeds")
+    shared = set(cfg.gate.seeds) & (set(cfg.eval.sub_seeds) | set(train_seeds))
+    if shared:
+        raise ValueError(f"gate.seeds {sorted(shared)} are also used by the fine-tune (eval.sub_seeds or a "
+                         "training episode): the gate must evaluate on held-out seeds")
 
 
 # ---------------------------------------------------------------------------------------------
-# 5: export of a promoted candidate
+# 4: export of a promoted candidate
 
 
 def export_model(net: PolicyNet, cfg: TrainConfig, out: Path, training: dict, evaluation: dict) -> dict:
@@ -179,41 +183,53 @@ def export_model(net: PolicyNet, cfg: TrainConfig, out: Path, training: dict, ev
 
 
 def run_finetune(config_path: str | Path, inc: Incumbent, experience_path: str | Path, out_dir: str | Path,
-                 runs_dir: str | Path, force: bool = False, rule: GateRule = GateRule(),
+                 runs_dir: str | Path, force: bool = False, rule: GateRule | None = None,
                  objective: str = "composite", scheme: str = "fixed") -> dict:
     """Fine-tune, evaluate, gate, export when promoted (or ``force``); returns the result (JSON-able).
+    ``rule``: the gate's (default: ``alloc_at_100`` paired, margin ``gate.min_gain``, no hard violations).
     ``objective`` / ``scheme``: the deployment's, for the graphs of the recorded decisions."""
     t0 = time.monotonic()
     cfg = load_config(config_path)
+    check_held_out(cfg)
+    rule = rule or GateRule(min_gain=cfg.gate.min_gain)
     torch.set_num_threads(max(1, cfg.torch_threads))
     rng = np.random.default_rng(cfg.seed)
     net, cfg, start = start_net(inc, cfg)
-    # the incumbent's weights when they are the ones loaded (its model.pt), kept before the fit moves them
+    # the incumbent's weights when they are the ones loaded (its model.pt), kept before the search moves them
     incumbent_net = copy.deepcopy(net) if inc.is_model and start != SCRATCH else None
-    log = MetricsLog(Path(runs_dir) / cfg.name / "metrics.csv")
-    try:
-        sim = [s for episode, _ in run_tasks(expert_tasks(cfg, rng), cfg.workers) for s in episode]
-        transitions = read_experience(experience_path)
-        exp, counts = experience_samples(transitions, objective=objective, scheme=scheme)
-        history = fit(net, sim + exp, cfg, rng, log)
-    finally:
-        log.close()
+    transitions = read_experience(experience_path)
+    exp, counts = experience_samples(transitions, max_samples=max(0, cfg.search.experience_max),
+                                     objective=objective, scheme=scheme)
+    exp = exp if cfg.search.experience_max > 0 else []
+    search: dict = {"iterations": 0, "kept_iteration": 0, "train_seeds": [], "distill_steps": 0}
+    if cfg.search.iterations > 0:
+        log = MetricsLog(Path(runs_dir) / cfg.name / "metrics.csv")
+        try:
+            search = train_search(net, cfg, log, rng, t0 + cfg.time_budget_s, extra=exp)
+        finally:
+            log.close()
+    check_held_out(cfg, tuple(search["train_seeds"]))
     net.eval()
     actors: dict[str, Actor] = {"candidate": lambda: {"scorer": torch_scorer(net)},
                                 "incumbent": incumbent_actor(inc, incumbent_net)}
-    actors.update({b: (lambda b=b: {"expert": expert_policy(b, 0)}) for b in BASELINES})
+    actors.update({b: (lambda b=b: {"expert": expert_policy(b, 0)}) for b in cfg.gate.baselines})
     metrics = evaluate_policies(actors, cfg)
     verdict = promotion_gate(metrics["candidate"], metrics["incumbent"], rule)
+    searched = search.get("curve", [])[1:]  # the iterations (row 0 is the start)
     result = {"rc": 0, "incumbent": dataclasses.asdict(inc), "start_from": start,
-              "experience": {"transitions": len(transitions), "samples": len(exp), "counts": counts},
-              "simulator_samples": len(sim), "fit": history,
+              "experience": {"transitions": len(transitions), "samples": len(exp), "counts": counts,
+                             "use": "cross-entropy targets in every search iteration's distillation"},
+              "simulator_samples": sum(c["labels"] + c["anchor_states"] for c in searched),
+              "fit": {"steps": search["distill_steps"], "method": "search-based improvement (search.py)"},
+              "search": search,
               "evaluation": {"protocol": protocol(cfg), "policies": metrics},
               "gate": {"promote": verdict.promote, "reason": verdict.reason, "forced": force and not verdict.promote,
-                       "rule": dataclasses.asdict(rule)}}
+                       "rule": dataclasses.asdict(rule), "paired": verdict.figures,
+                       "held_out_seeds": list(cfg.gate.seeds)}}
     if verdict.promote or force:
         what = ("incumbent", "start_from", "experience", "simulator_samples", "fit")
         training = {"config_path": str(config_path), "finetune": {k: result[k] for k in what},
-                    "seconds": round(time.monotonic() - t0, 1)}
+                    "search_curve": search.get("curve", []), "seconds": round(time.monotonic() - t0, 1)}
         manifest = export_model(net, cfg, Path(out_dir), training,
                                 {"gate": result["evaluation"], "verdict": result["gate"]})
         result.update(model_dir=str(out_dir), version=manifest["version"])

@@ -2,41 +2,70 @@
 
 Both sides must have been evaluated on the same protocol, workloads and seeds (the trainer runs the
 incumbent through the same evaluation as the candidate). Pure: metrics in, verdict out.
+
+Paired when both sides carry the per-run scores (``<primary>_runs``, one per (workload, seed), same order):
+the gain is the candidate's minus the incumbent's score on each run; the candidate is promoted only when the
+mean gain is above ``min_gain`` and it wins more runs than it loses. Without per-run scores the two means are
+compared (gain above ``min_gain``). The verdict's ``figures`` hold the per-run gains, their mean, standard
+error, wins, losses and ties.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Mapping
+import math
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
 
 
 @dataclass(frozen=True)
 class GateResult:
     promote: bool
     reason: str
+    figures: dict = field(default_factory=dict)  # the paired comparison (empty when not paired)
 
 
 @dataclass(frozen=True)
 class GateRule:
     primary: str = "alloc_at_100"  # higher is better
-    min_gain: float = 0.0  # the candidate must beat the incumbent's primary metric by more than this
+    min_gain: float = 0.0  # the candidate must beat the incumbent's primary metric (mean paired gain) by more than this
     guards: tuple[tuple[str, float], ...] = (("hard_violations", 0.0),)  # metric, maximum allowed (lower is better)
 
 
-def promotion_gate(candidate: Mapping[str, float], incumbent: Mapping[str, float] | None,
-                   rule: GateRule = GateRule()) -> GateResult:
-    """Promote when every guard holds and the primary metric improves on the incumbent (if any)."""
-    if rule.primary not in candidate:
-        return GateResult(False, f"candidate was not evaluated on {rule.primary}")
+def paired_figures(candidate: Sequence[float], incumbent: Sequence[float]) -> dict:
+    """Per-run gains (candidate - incumbent), their mean and standard error, and wins / losses / ties."""
+    gains = [round(float(c) - float(i), 4) for c, i in zip(candidate, incumbent)]
+    n = len(gains)
+    mean = sum(gains) / n
+    sd = math.sqrt(sum((g - mean) ** 2 for g in gains) / (n - 1)) if n > 1 else 0.0
+    return {"runs": n, "gains": gains, "mean_gain": round(mean, 4), "se": round(sd / math.sqrt(n), 4),
+            "wins": sum(g > 0 for g in gains), "losses": sum(g < 0 for g in gains),
+            "ties": sum(g == 0 for g in gains)}
+
+
+def promotion_gate(candidate: Mapping, incumbent: Mapping | None, rule: GateRule = GateRule()) -> GateResult:
+    """Promote when every guard holds and the primary metric improves on the incumbent (if any) by more than
+    ``rule.min_gain``: paired over the runs when both sides have ``<primary>_runs`` (see the module docstring)."""
+    p = rule.primary
+    if p not in candidate:
+        return GateResult(False, f"candidate was not evaluated on {p}")
     for metric, limit in rule.guards:
         value = candidate.get(metric, 0.0)
         if value > limit:
             return GateResult(False, f"candidate {metric}={value:g} exceeds {limit:g}")
-    if not incumbent or rule.primary not in incumbent:
-        return GateResult(True, f"no evaluated incumbent; candidate {rule.primary}={candidate[rule.primary]:.3f}")
-    gain = candidate[rule.primary] - incumbent[rule.primary]
+    if not incumbent or p not in incumbent:
+        return GateResult(True, f"no evaluated incumbent; candidate {p}={candidate[p]:.3f}")
+    runs_c, runs_i = candidate.get(f"{p}_runs"), incumbent.get(f"{p}_runs")
+    if runs_c and runs_i and len(runs_c) == len(runs_i):
+        fig = paired_figures(runs_c, runs_i)
+        gain = fig["mean_gain"]
+        paired = (f"{p} {incumbent[p]:.3f} -> {candidate[p]:.3f}, mean paired gain {gain:+.3f} (se {fig['se']:.3f}) "
+                  f"over {fig['runs']} runs, {fig['wins']} won / {fig['losses']} lost / {fig['ties']} tied")
+        if gain > rule.min_gain and fig["wins"] > fig["losses"]:
+            return GateResult(True, f"better: {paired}", fig)
+        why = f"gain <= {rule.min_gain:g}" if gain <= rule.min_gain else "no more runs won than lost"
+        return GateResult(False, f"not better ({why}): {paired}", fig)
+    gain = candidate[p] - incumbent[p]
     if gain > rule.min_gain:
-        return GateResult(True, f"{rule.primary} {incumbent[rule.primary]:.3f} -> {candidate[rule.primary]:.3f} "
-                                f"(+{gain:.3f})")
-    return GateResult(False, f"not better: {rule.primary} {candidate[rule.primary]:.3f} vs incumbent "
-                             f"{incumbent[rule.primary]:.3f} (gain {gain:+.3f} <= {rule.min_gain:g})")
+        return GateResult(True, f"{p} {incumbent[p]:.3f} -> {candidate[p]:.3f} (+{gain:.3f})")
+    return GateResult(False, f"not better: {p} {candidate[p]:.3f} vs incumbent "
+                             f"{incumbent[p]:.3f} (gain {gain:+.3f} <= {rule.min_gain:g})")

@@ -16,9 +16,10 @@ an anchor to the start model -> held-out evaluation per iteration -> the best it
    where the search found strictly better. (Ordering equal allocations by end fragmentation changed ~60 %
    of the labels and made the policy worse on held-out seeds: docs/model.md.)
    As many states again, drawn over the whole episode, are kept without a label: the anchor's states.
-2. **Distillation**: cross-entropy of the per-pod candidate softmax on the improved labels + ``anchor`` *
-   KL(pi_start || pi) per pod over the labelled and the anchor states (all iterations', ``buffer`` newest)
-   + the imitation ``logit_penalty``.
+2. **Distillation**: cross-entropy of the per-pod candidate softmax on the improved labels (and on the
+   caller's ``extra`` labelled samples: the fine-tune's recorded decisions) + ``anchor`` * KL(pi_start || pi)
+   per pod over the labelled and the anchor states (all iterations', ``buffer`` newest) + the imitation
+   ``logit_penalty``.
    Trust region: every 8 steps the mean KL to the start model is measured on a fixed probe of 512 of the
    samples; past ``kl_max`` the weights go back to the last check inside it and the iteration's
    distillation stops, so the probe's KL stays <= kl_max. (A check per epoch was too coarse: one epoch
@@ -305,10 +306,13 @@ def clone_state(net: PolicyNet) -> dict:
     return {k: v.detach().clone() for k, v in net.state_dict().items()}
 
 
-def train_search(net: PolicyNet, cfg: TrainConfig, log, rng: np.random.Generator, deadline: float) -> dict:
+def train_search(net: PolicyNet, cfg: TrainConfig, log, rng: np.random.Generator, deadline: float,
+                 extra: Sequence[Sample] = ()) -> dict:
     """Expert iteration from ``net``'s weights (the start); leaves ``net`` at the best iteration's weights.
-    Returns the report: the learning curve (held-out score per iteration), what was kept, and per iteration
-    the search's statistics and the distillation's KL."""
+    ``extra``: labelled samples added to every iteration's distillation next to the search's own (the
+    fine-tune's recorded decisions). Returns the report: the learning curve (held-out score per iteration),
+    what was kept, per iteration the search's statistics and the distillation's KL, and the training
+    episodes' seeds."""
     sc = cfg.search
     start = copy.deepcopy(net).eval()
     snapshots = [clone_state(net)]
@@ -317,16 +321,18 @@ def train_search(net: PolicyNet, cfg: TrainConfig, log, rng: np.random.Generator
     curve = [{"iteration": 0, "held_out": round(float(np.mean(per_seed[0])), 3), "kl": 0.0, "labels": 0,
               "changed": 0, "train_alloc_at_100": None, "seconds": 0.0}]
     data: list[Sample] = []
-    step = 0
+    step, train_seeds = 0, []
     for it in range(1, sc.iterations + 1):
         if time.monotonic() > deadline:
             break
         t0 = time.monotonic()
-        results = run_search_tasks(search_tasks(cfg, rng), cfg.workers, clone_state(net), cfg.net)
+        tasks = search_tasks(cfg, rng)
+        train_seeds += [t.seed for t in tasks]
+        results = run_search_tasks(tasks, cfg.workers, clone_state(net), cfg.net)
         new = [s for samples, _ in results for s in samples]
         stats = [st for _, st in results]
         data = (new + data)[: sc.buffer]
-        step, fit = distill(net, start, data, cfg, rng, log, step)
+        step, fit = distill(net, start, data + list(extra), cfg, rng, log, step)
         snapshots.append(clone_state(net))
         per_seed.append(held_out(snapshots[-1], cfg))
         score = float(np.mean(per_seed[-1]))
@@ -338,7 +344,7 @@ def train_search(net: PolicyNet, cfg: TrainConfig, log, rng: np.random.Generator
                       "changed": int(sum(st["changed"] for st in stats)),
                       "gain_milli_per_label": round(sum(st["gain_milli"] for st in stats) / max(labels, 1), 1),
                       "train_alloc_at_100": round(float(np.mean([st["alloc_at_100"] for st in stats])), 3),
-                      "distill_steps": fit["steps"], "stopped_by_kl": fit["stopped_by_kl"],
+                      "extra_samples": len(extra), "distill_steps": fit["steps"], "stopped_by_kl": fit["stopped_by_kl"],
                       "seconds": round(time.monotonic() - t0, 1)})
     kept = select_best([float(np.mean(row)) for row in per_seed])
     net.load_state_dict(snapshots[kept])
@@ -346,4 +352,5 @@ def train_search(net: PolicyNet, cfg: TrainConfig, log, rng: np.random.Generator
             "start_held_out": curve[0]["held_out"], "fgd_held_out": round(float(np.mean(fgd)), 3),
             "held_out_per_seed": [[round(x, 3) for x in row] for row in per_seed],
             "held_out_seeds": list(cfg.eval.sub_seeds), "held_out_workloads": list(cfg.eval.workloads),
-            "held_out_nodes": sc.eval_nodes or cfg.eval.sub_nodes, "kl_max": sc.kl_max}
+            "held_out_nodes": sc.eval_nodes or cfg.eval.sub_nodes, "kl_max": sc.kl_max, "train_seeds": train_seeds,
+            "distill_steps": step}
