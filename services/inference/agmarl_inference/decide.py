@@ -44,6 +44,16 @@ def tie_order(state: ClusterState) -> np.ndarray | None:
     return np.array([int(v) if v is not None and str(v).isdigit() else big for v in labels], dtype=np.int64)
 
 
+def best_first(values: np.ndarray, k: int) -> np.ndarray:
+    """The first ``k`` of ``np.argsort(-values, kind="stable")`` without sorting everything: the entries at
+    least as large as the k-th largest (ties included), sorted stably, then cut."""
+    if values.size <= k or np.isnan(values).any():  # NaNs: the full sort's place for them (last)
+        return np.argsort(-values, kind="stable")[:k]
+    kth = np.partition(values, values.size - k)[values.size - k]
+    sel = np.flatnonzero(values >= kth)
+    return sel[np.argsort(-values[sel], kind="stable")[:k]]
+
+
 def filter_reasons(pod: Pod, state: ClusterState, mask: np.ndarray, limit: int = REASONS) -> dict[str, str]:
     """Why the first ``limit`` filtered-out nodes were filtered out (plugin: reason)."""
     out: dict[str, str] = {}
@@ -92,7 +102,7 @@ def decide(pod: Pod, state: ClusterState, policy: Policy, default: Policy, mode:
     node_index = pick_node(blended if blends else raw, idx, rank)
     best = int(np.flatnonzero(idx == node_index)[0])
     gpus = policy.choose_gpus(pod, state, node_index)
-    order = np.argsort(-blended, kind="stable")
+    order = best_first(blended, TOP_SCORES)
     top = order[:TOP_SCORES]
     if np.isnan(base).any():
         logged = np.union1d(top, [best])

@@ -6,7 +6,7 @@ import pytest
 from agmarl_common.core.cluster.model import ClusterState, Node, Pod, bind
 from agmarl_common.core.policies.base import PolicyBase
 from agmarl_common.core.policies.registry import get_policy
-from agmarl_inference.decide import TIE_ORDER_LABEL, TOP_SCORES, blend, decide, tie_order
+from agmarl_inference.decide import TIE_ORDER_LABEL, TOP_SCORES, best_first, blend, decide, tie_order
 
 
 class PreferLast(PolicyBase):
@@ -120,3 +120,13 @@ def test_decide_applies_the_policys_admission_outside_shadow_mode():
     assert "LoadCap" in refused.explanation["admission"] and refused.explanation["candidates"] == 2
     assert decide(be, packed, capped, default, "shadow", 0.7).node != ""
     assert decide(Pod("ls", 500, 500, qos="LS"), packed, capped, default, "full", 0.7).node != ""
+
+
+def test_best_first_is_the_head_of_a_stable_full_sort():
+    rng = np.random.default_rng(4)
+    for t in range(3000):
+        n, k = int(rng.integers(0, 40)), int(rng.integers(1, 20))
+        values = rng.integers(0, 4, n).astype(float) if t % 2 else rng.random(n)  # many ties, or none
+        if t % 5 == 0 and n:
+            values[rng.integers(0, n, int(rng.integers(1, n + 1)))] = np.nan  # NaNs last, as argsort puts them
+        assert best_first(values, k).tolist() == np.argsort(-values, kind="stable")[:k].tolist()
