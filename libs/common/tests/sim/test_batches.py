@@ -4,7 +4,8 @@ import pytest
 from agmarl_common.core.cluster.filters import violations
 from agmarl_common.core.cluster.model import ClusterState, Node, Pod, Taint, Toleration
 from agmarl_common.core.policies.fgd import BestFitPolicy, FgdPolicy
-from agmarl_common.core.policies.joint import JointPlacer, candidate_orders, largest_first
+from agmarl_common.core.policies.joint import (JointPlacer, ScenarioPlacer, candidate_orders, commit, imagine,
+                                              largest_first)
 from agmarl_common.core.sim.batches import (SequentialPlacer, apply_binds, place_in_order, plan_batches, run_batches,
                                        split_groups, sub_cluster)
 
@@ -46,7 +47,8 @@ def test_the_protocol_is_deterministic_for_a_seed():
         plan = plan_batches(NODES, WORKLOAD, np.random.default_rng(seed), n_nodes=9, min_size=4, max_size=12)
         return plan, run_batches(plan, placer, WORKLOAD)
 
-    for make in (lambda: SequentialPlacer(FgdPolicy(0)), lambda: JointPlacer(FgdPolicy(0), seed=7, lookahead=8)):
+    for make in (lambda: SequentialPlacer(FgdPolicy(0)), lambda: JointPlacer(FgdPolicy(0), seed=7, lookahead=8),
+                 lambda: ScenarioPlacer(FgdPolicy(0), seed=7, plans=2, evals=2)):
         (p1, r1), (p2, r2) = run(5, make()), run(5, make())
         assert p1.nodes == p2.nodes and p1.groups == p2.groups and (p1.rank == p2.rank).all()
         assert (r1.node_index == r2.node_index).all() and (r1.used_milli == r2.used_milli).all()
@@ -73,7 +75,7 @@ def test_the_joint_placer_never_violates_the_hard_filter(seed):
                            pod("sel", 1000, 1, 600, node_selector={"kubernetes.io/hostname": "v1"}))
     plan = plan_batches(NODES, workload, rng, n_nodes=len(NODES), ratio=2.0, min_size=8, max_size=40)
     for placer in (JointPlacer(FgdPolicy(seed), seed=seed, lookahead=8, helpers=[BestFitPolicy(seed)]),
-                   SequentialPlacer(FgdPolicy(seed))):
+                   ScenarioPlacer(FgdPolicy(seed), seed=seed, plans=2, evals=2), SequentialPlacer(FgdPolicy(seed))):
         r = run_batches(plan, placer, workload)  # apply_binds re-runs the hard filter before every bind
         assert violations(r.state) == []
         for i, pods in enumerate(r.state.bound):
@@ -118,3 +120,70 @@ def test_candidate_orders_start_with_arrival_and_largest_first():
     orders = candidate_orders(group, ClusterState.empty(NODES), np.random.default_rng(0), 6)
     assert orders[0] == [0, 1, 2] and orders[1] == largest_first(group) == [1, 0, 2]
     assert len({tuple(o) for o in orders}) == len(orders) <= 6
+
+
+def one_gpu_t4(name):
+    return Node(name, cpu_milli=32000, memory_mib=65536, gpu_count=1, gpu_model="T4")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_scenario_placer_beats_sequential_fgd_where_arrival_order_is_provably_bad(seed):
+    from agmarl_common.core.sim.batches import BatchPlan
+
+    two_gpus = Node("n", cpu_milli=32000, memory_mib=65536, gpu_count=2, gpu_model="T4")
+    # within a group: a 500-milli share arrives before a 2-GPU pod on one 2-GPU node. In arrival order the
+    # share takes a device and the 2-GPU pod no longer fits: 500 milli; the other way round: 2,000.
+    # across groups: an 810-milli share, then a whole-GPU pod, on one 1-GPU node. Placing the share (what
+    # every placer that places whatever fits does) strands 190 milli and the whole GPU finds no room: 810;
+    # leaving it out, for pods like the workload's (mostly whole GPUs), gives 1,000.
+    cases = [((two_gpus,), ((pod("s", 1000, 1, 500), pod("w", 2000, 2, 1000)),), None, 500, 2000),
+             ((one_gpu_t4("a"),), ((pod("s", 1000, 1, 810),), (pod("w", 1000, 1, 1000),)),
+              [pod("s", 1000, 1, 810)] + [pod(f"w{i}", 1000, 1, 1000) for i in range(3)], 810, 1000)]
+    for nodes, groups, workload, seq_milli, best in cases:
+        plan = BatchPlan(nodes=nodes, groups=groups, rank=np.arange(len(nodes)))
+        workload = workload or [p for g in groups for p in g]
+        seq = run_batches(plan, SequentialPlacer(FgdPolicy(seed)), workload)
+        scen = run_batches(plan, ScenarioPlacer(FgdPolicy(seed), seed=seed), workload)
+        assert seq.used_milli[-1] == seq_milli
+        assert scen.used_milli[-1] == best >= seq.used_milli[-1]
+        assert violations(scen.state) == []
+
+
+def test_the_scenario_placer_packs_a_group_as_well_as_arrival_order_or_better():
+    group = [pod("s1", 1000, 1, 300), pod("s2", 1000, 1, 300), pod("w1", 1000, 1, 1000), pod("w2", 1000, 1, 1000),
+             pod("s3", 1000, 1, 700), pod("s4", 1000, 1, 700)]
+    nodes = (Node("n0", cpu_milli=32000, memory_mib=65536, gpu_count=2, gpu_model="T4"), one_gpu_t4("n1"))
+    state, rank = ClusterState.empty(nodes), np.arange(2)
+    fgd = FgdPolicy(0)
+    fgd.observe_workload(group)
+    seq, _ = place_in_order(fgd, group, range(len(group)), state, rank)
+    for seed in range(3):
+        placer = ScenarioPlacer(FgdPolicy(0), seed=seed)
+        placer.observe_workload(group)
+        binds = placer.place_group(group, state, rank)
+        apply_binds(group, binds, state)  # raises on a hard-filter or device violation
+        milli = lambda bs: sum(group[k].gpu_milli_total for k, _, _ in bs)  # noqa: E731
+        assert milli(binds) >= milli(seq) and milli(binds) == 3000  # every device full
+
+
+def test_an_unbriefed_scenario_placer_places_what_fits():
+    group = [pod("s", 1000, 1, 810), pod("w", 1000, 1, 1000)]
+    placer = ScenarioPlacer(BestFitPolicy(0), seed=0)  # no workload: no imagined futures, nothing held back
+    binds = placer.place_group(group, ClusterState.empty((one_gpu_t4("a"), one_gpu_t4("b"))), np.arange(2))
+    assert sorted(k for k, _, _ in binds) == [0, 1]
+
+
+def test_commit_leaves_out_binds_that_no_longer_hold():
+    state = ClusterState.empty((one_gpu_t4("a"),))
+    group = [pod("x", 30000, 1, 300), pod("y", 4000, 1, 300), pod("z", 1000, 1, 600)]
+    kept, end = commit(group, [(0, 0, (0,)), (1, 0, (0,)), (2, 0, (0,))], state)  # y: 34 > 32 cores
+    assert kept == [(0, 0, (0,)), (2, 0, (0,))] and int(end.gpu_used[0, 0]) == 900
+
+
+def test_imagine_draws_until_the_requested_gpu_milli():
+    pool = [pod("s", 1000, 1, 300), pod("w", 1000, 1, 1000), pod("c", 1000)]
+    drawn = imagine(pool, 5000, np.random.default_rng(0))
+    total = sum(p.gpu_milli_total for p in drawn)
+    assert 5000 <= total < 6000 and all(p in pool for p in drawn)
+    assert imagine([pod("c", 1000)], 5000, np.random.default_rng(0)) == []
+    assert imagine(pool, 0, np.random.default_rng(0)) == []
