@@ -184,6 +184,26 @@ def test_pair_features_of_one_pod_equal_their_slice_of_the_batch():
     assert start == attr.shape[0]
 
 
+def test_one_pod_reads_the_same_rows_whatever_the_candidate_order():
+    """One pod on ascending candidates takes the one-pod path (its memo read at the candidates); any other
+    order goes through ``shape_jobs``: the same rows, bit for bit, in the candidates' order."""
+    rng = np.random.default_rng(12)
+    state = fill(rng, ClusterState.empty(random_nodes(rng, 30)), 60, "fill")
+    context = FeatureContext(target_workload([random_pod(rng, f"t{k}") for k in range(100)]))
+    for k in range(8):
+        pod = random_pod(rng, f"p{k}")
+        cand = feasible_nodes(pod, state)
+        if cand.size < 2:
+            continue
+        order = rng.permutation(cand.size)
+        a, d = pair_features(pod, state, cand, context)
+        a2, d2 = pair_features(pod, state, cand[order], context)
+        assert a2.tobytes() == a[order].tobytes() and d2.tobytes() == d[order].tobytes()
+        twice = np.concatenate([cand, cand[:1]])  # a repeated node: not strictly ascending either
+        a3, _ = pair_features(pod, state, twice, context)
+        assert a3.tobytes() == np.concatenate([a, a[:1]]).tobytes()
+
+
 def test_placement_frag_many_equals_placement_frag_shape_by_shape():
     rng = np.random.default_rng(5)
     state = fill(rng, ClusterState.empty(random_nodes(rng, 50)), 120, "fill")
@@ -194,6 +214,28 @@ def test_placement_frag_many_equals_placement_frag_shape_by_shape():
     jobs = [(sh, np.sort(rng.choice(state.n_nodes, size=int(rng.integers(1, 50)), replace=False))) for sh in shapes]
     for (sh, rows), (after, dev) in zip(jobs, placement_frag_many(jobs, state, access, access_class, target)):
         want_after, want_dev = placement_frag(sh, state, rows, access[rows], target)
+        np.testing.assert_array_equal(dev, want_dev)
+        np.testing.assert_allclose(after, want_after, rtol=0, atol=1e-9)
+
+
+def test_placement_frag_many_reads_kept_free_resources_and_single_rows_exactly():
+    """``free`` (what ``FeatureContext`` keeps) gives the same bits as recomputing it, and a job of one row
+    (no deduplication) the same as ``placement_frag`` of that row."""
+    rng = np.random.default_rng(6)
+    state = fill(rng, ClusterState.empty(random_nodes(rng, 40)), 90, "fill")
+    target = target_workload([random_pod(rng, f"t{k}") for k in range(200)])
+    access = target.accessible(state.gpu_model)
+    access_class = np.unique(access, axis=0, return_inverse=True)[1].reshape(-1)
+    free = (state.cpu_cap - state.cpu_used, state.gpu_free())
+    shapes = sorted({pod_shape(random_pod(rng, f"s{k}")) for k in range(30)})
+    jobs = [(sh, np.sort(rng.choice(state.n_nodes, size=int(rng.integers(1, 30)), replace=False))) for sh in shapes]
+    for got, want in zip(placement_frag_many(jobs, state, access, access_class, target, free),
+                         placement_frag_many(jobs, state, access, access_class, target)):
+        assert got[0].tobytes() == want[0].tobytes() and got[1].tobytes() == want[1].tobytes()
+    for sh in shapes:
+        row = np.array([int(rng.integers(state.n_nodes))])
+        ((after, dev),) = placement_frag_many([(sh, row)], state, access, access_class, target, free)
+        want_after, want_dev = placement_frag(sh, state, row, access[row], target)
         np.testing.assert_array_equal(dev, want_dev)
         np.testing.assert_allclose(after, want_after, rtol=0, atol=1e-9)
 

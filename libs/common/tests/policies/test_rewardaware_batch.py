@@ -10,9 +10,16 @@ import numpy as np
 import pytest
 
 from agmarl_common.core.cluster.filters import feasible_nodes
+from agmarl_common.core.cluster.model import ClusterState
 from agmarl_common.core.policies.registry import get_policy
 from agmarl_common.core.policies.rewardaware import RewardAwarePolicy
-from agmarl_common.core.scoring.rewardaware import RewardAwareConfig, reward_gains_batch
+from agmarl_common.core.scoring.rewardaware import (
+    GAINS,
+    RewardAwareConfig,
+    reward_gains_batch,
+    score_reward_aware,
+    score_reward_aware_batch,
+)
 from agmarl_common.core.reward import IO_HEAVY_LABEL, NETWORK_HEAVY_LABEL, SCHEMES
 from agmarl_common.core.sim import dynamic, synthetic
 
@@ -75,3 +82,37 @@ def test_guard_and_empty_batches(busy_state):
     cluster, pods = busy_state
     assert RewardAwarePolicy().score_batch([], cluster, []) == []
     assert [b.size for b in RewardAwarePolicy().score_batch(pods[:2], cluster, [np.zeros(0, np.int64)] * 2)] == [0, 0]
+
+
+def test_the_gains_of_one_pod_are_bit_equal_to_its_slice_of_the_batch(busy_state):
+    """The one-pod path (per-pod values as scalars, terms that are zero everywhere skipped: the knee, LS,
+    IO) gives the same bits as the batch, on the busy state (every node above the knee) and on the same
+    nodes empty with one big pod that crosses the knee (the others stay below it: the shortcut)."""
+    cluster, pods = busy_state
+    light = ClusterState.empty(cluster.nodes)
+    top = int(np.argmax(light.cpu_cap))
+    big = replace(pods[0], name="big", cpu_milli=int(0.9 * light.cpu_cap[top]), memory_mib=int(0.9 * light.mem_cap[top]))
+    knee = set()
+    for state, batch_pods in ((cluster, pods), (light, pods + [big])):
+        cands = [feasible_nodes(p, state) for p in batch_pods]
+        batch = reward_gains_batch(batch_pods, state, cands)
+        start = 0
+        for p, c in zip(batch_pods, cands):
+            one = reward_gains_batch([p], state, [c])
+            for name in GAINS:
+                assert one[name].tobytes() == batch[name][start:start + c.size].tobytes(), (p.name, name)
+            if c.size:
+                knee.add(bool(np.all(one["utilisation"] == 0)))
+            start += c.size
+    assert knee == {True, False}  # both the shortcut (all below the knee) and the computed gain ran
+    assert {p.qos == "LS" for p in pods} == {True, False}
+    assert {p.labels.get(IO_HEAVY_LABEL) == "true" for p in pods} == {True, False}
+
+
+def test_score_reward_aware_batch_is_bit_equal_to_score_reward_aware(busy_state):
+    cluster, pods = busy_state
+    cands = [feasible_nodes(p, cluster) for p in pods]
+    for scheme in SCHEMES:
+        config = RewardAwareConfig(scheme=scheme)
+        for p, c, b in zip(pods, cands, score_reward_aware_batch(pods, cluster, cands, config)):
+            assert b.tobytes() == score_reward_aware(p, cluster, c, config).tobytes()

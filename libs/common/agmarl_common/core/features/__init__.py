@@ -225,6 +225,10 @@ class FeatureContext:
         """``frag_after`` for many pairs at once: pair e places ``pods[pod_of[e]]`` on node ``idx[e]``.
         The stale memo rows of every pod shape are recomputed together, in one pass."""
         self._refresh(state)
+        if len(pods) == 1 and (idx.size < 2 or bool((idx[1:] > idx[:-1]).all())):
+            # one pod on ascending distinct nodes (the live path): its one job is (shape, idx), its cells idx
+            (memo,) = self._memos([(pod_shape(pods[0]), idx)], state)
+            return memo[1][idx], memo[2][idx], memo[3][idx]
         jobs, flat = shape_jobs(pods, idx, pod_of, state.n_nodes)
         memos = self._memos(jobs, state)
         return tuple(np.concatenate([m[j] for m in memos])[flat] for j in (1, 2, 3))
@@ -232,7 +236,7 @@ class FeatureContext:
     def _memos(self, jobs: list[tuple[tuple, np.ndarray]], state: ClusterState) -> list[tuple[np.ndarray, ...]]:
         """``current_memos`` of ``jobs`` in this context's memo (after ``_refresh``)."""
         return current_memos(self._pairs, jobs, state, self._version, self._frag, self._access, self._access_class,
-                             self.target)
+                             self.target, (self._terms["cpu_free"], self._terms["gpu_left"]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -307,21 +311,26 @@ def pair_features_batch(pods: Sequence[Pod], state: ClusterState, candidates: Se
         return np.zeros((0, F_EDGE), np.float32), np.zeros(0, np.int64)
     pod_of = np.repeat(np.arange(len(pods)), sizes)
     delta, after, dev = context.frag_after_batch(pods, state, idx, pod_of)
+
+    def per_pair(a: np.ndarray) -> np.ndarray:
+        """A per-pod (P,) integer array per pair: (E,), or its numpy scalar for one pod (the same values)."""
+        return a[0] if len(pods) == 1 else a[pod_of]
+
     # per pod (P,): the request
     milli_p = np.array([p.gpu_milli if p.num_gpu > 0 else 0 for p in pods])
     num_p = np.array([p.num_gpu for p in pods])
     req_p = num_p * milli_p
-    milli, gpu_req = milli_p[pod_of], req_p[pod_of]
-    pcpu = np.array([p.cpu_milli for p in pods])[pod_of]
+    milli, gpu_req = per_pair(milli_p), per_pair(req_p)
+    pcpu = per_pair(np.array([p.cpu_milli for p in pods]))
     # per node: usage terms kept current by the context (exact integers)
     t = context.pair_terms(state)
     cpu_free = t["cpu_free"][idx]
     cpu_after = cpu_free - pcpu
-    mem_after = t["mem_free"][idx] - np.array([p.memory_mib for p in pods])[pod_of]
+    mem_after = t["mem_free"][idx] - per_pair(np.array([p.memory_mib for p in pods]))
     gcap = t["gpu_cap"][idx]
     gpu_after = t["gpu_idle"][idx] - gpu_req
     dev_left = np.where(dev >= 0, t["gpu_left"][idx, np.maximum(dev, 0)] - milli, 0) / GPU_MILLI
-    whole_after = t["whole_free"][idx] - np.where(milli_p >= GPU_MILLI, num_p, 0)[pod_of]
+    whole_after = t["whole_free"][idx] - per_pair(np.where(milli_p >= GPU_MILLI, num_p, 0))
     has_gpu = gcap > 0
     frag = delta / FRAG_SCALE
     cols = [

@@ -11,6 +11,7 @@ numpy; every public name is re-exported by ``agmarl_common.core.features``.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
@@ -80,22 +81,30 @@ def placement_frag(shape: tuple, state: ClusterState, rows: np.ndarray, access: 
 
 
 def placement_frag_many(jobs: Sequence[tuple[tuple, np.ndarray]], state: ClusterState, access: np.ndarray,
-                        access_class: np.ndarray, target: TargetWorkload) -> list[tuple[np.ndarray, np.ndarray]]:
+                        access_class: np.ndarray, target: TargetWorkload,
+                        free: tuple[np.ndarray, np.ndarray] | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
     """``placement_frag`` of several pod shapes at once: ``jobs`` are (shape, node rows); ``access`` (n, K)
     and ``access_class`` (n,) (equal ids = equal access rows) cover every node. One fragmentation pass
-    for all shares (every device option) and one for the rest; identical (shape, node state) rows once."""
+    for all shares (every device option) and one for the rest; identical (shape, node state) rows once.
+    ``free``: (cpu left (n,), ``gpu_left`` (n, G)) of every node of ``state`` when the caller keeps them
+    (``FeatureContext``), read instead of recomputed."""
     if not jobs:
         return []
     sizes = [len(r) for _, r in jobs]
     rows = np.concatenate([np.asarray(r, np.int64) for _, r in jobs])
     sid = np.repeat(np.arange(len(jobs)), sizes)
     shp = np.array([sh[:3] for sh, _ in jobs], np.int64).reshape(-1, 3)  # (jobs, cpu milli num)
-    cpu_left = state.cpu_cap[rows] - state.cpu_used[rows]
-    left = gpu_left(state, rows)
-    key = np.ascontiguousarray(np.column_stack([sid, cpu_left, left, access_class[rows]]).astype(np.int64))
-    void = key.view(np.dtype((np.void, key.itemsize * key.shape[1]))).reshape(-1)
-    _, first, inv = np.unique(void, return_index=True, return_inverse=True)
-    inv = np.asarray(inv).reshape(-1)
+    if free is None:
+        cpu_left, left = state.cpu_cap[rows] - state.cpu_used[rows], gpu_left(state, rows)
+    else:
+        cpu_left, left = free[0][rows], free[1][rows]
+    if rows.size == 1:  # one row: nothing to deduplicate
+        first = inv = np.zeros(1, np.int64)
+    else:
+        key = np.ascontiguousarray(np.column_stack([sid, cpu_left, left, access_class[rows]]).astype(np.int64))
+        void = key.view(np.dtype((np.void, key.itemsize * key.shape[1]))).reshape(-1)
+        _, first, inv = np.unique(void, return_index=True, return_inverse=True)
+        inv = np.asarray(inv).reshape(-1)
     u_sid, u_left, u_acc = sid[first], left[first], access[rows[first]]
     u_cpu = cpu_left[first] - shp[u_sid, 0]  # cpu left after the placement
     milli, num = shp[u_sid, 1], shp[u_sid, 2]
@@ -149,12 +158,13 @@ def shape_jobs(pods: Sequence[Pod], idx: np.ndarray, pod_of: np.ndarray,
 
 
 def current_memos(memo: dict, jobs: list[tuple[tuple, np.ndarray]], state: ClusterState, version: np.ndarray,
-                  frag: np.ndarray, access: np.ndarray, access_class: np.ndarray,
-                  target: TargetWorkload) -> list[tuple[np.ndarray, ...]]:
+                  frag: np.ndarray, access: np.ndarray, access_class: np.ndarray, target: TargetWorkload,
+                  free: tuple[np.ndarray, np.ndarray] | None = None) -> list[tuple[np.ndarray, ...]]:
     """The memo entry (row version, delta, after, device; (n,) arrays) of each job's pod shape, made current
     on the job's nodes: a row is recomputed when its version differs from ``version`` (the caller bumps a
     node's version when its usage changes; ``frag`` (n,) is each node's current fragmentation). All stale
-    rows go through one ``placement_frag_many``. ``memo`` (pod shape -> entry) is updated in place."""
+    rows go through one ``placement_frag_many`` (``free``: the current free cpu and devices of every node,
+    when the caller keeps them). ``memo`` (pod shape -> entry) is updated in place."""
     n = state.n_nodes
     memos, todo = [], []
     for shape, idx in jobs:
@@ -166,13 +176,19 @@ def current_memos(memo: dict, jobs: list[tuple[tuple, np.ndarray]], state: Clust
         if rows.size:
             todo.append((shape, rows, entry))
     if todo:
-        results = placement_frag_many([(sh, rows) for sh, rows, _ in todo], state, access, access_class, target)
+        results = placement_frag_many([(sh, rows) for sh, rows, _ in todo], state, access, access_class, target, free)
         for (_, rows, entry), (a, d) in zip(todo, results):
             ver, delta, after, dev = entry
             after[rows], dev[rows] = a, d
             delta[rows] = a - frag[rows]
             ver[rows] = version[rows]
     return memos
+
+
+@lru_cache(maxsize=None)
+def _config(scheme: str) -> RewardAwareConfig:
+    """The reward-aware expert's default configuration under ``scheme`` (frozen: built once per scheme)."""
+    return RewardAwareConfig(scheme=scheme)
 
 
 def objective_gains(pods: Sequence[Pod], state: ClusterState, candidates: Sequence[np.ndarray], objective: str,
@@ -187,7 +203,8 @@ def objective_gains(pods: Sequence[Pod], state: ClusterState, candidates: Sequen
     if objective != "composite":
         return np.zeros(int(sum(sizes)))
     cols = []
-    for s in score_reward_aware_batch(pods, state, candidates, RewardAwareConfig(scheme=scheme)):
-        spread = float(s.max() - s.min()) if s.size else 0.0
-        cols.append((s - s.max()) / spread if spread > 1e-12 else np.zeros(s.size))
+    for s in score_reward_aware_batch(pods, state, candidates, _config(scheme)):
+        best = s.max() if s.size else 0.0
+        spread = float(best - s.min()) if s.size else 0.0
+        cols.append((s - best) / spread if spread > 1e-12 else np.zeros(s.size))
     return np.concatenate(cols) if cols else np.zeros(0)

@@ -41,6 +41,8 @@ pod-major. ``net_locality`` walks the bound pods of the pod's service, so it sta
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
+from types import MappingProxyType
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -176,14 +178,27 @@ def pairs(candidates: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.
 def reward_gains_batch(pods: Sequence[Pod], state: ClusterState, candidates: Sequence[np.ndarray],
                        threshold: float = HOT_NODE_THRESHOLD) -> dict[str, np.ndarray]:
     """Every gain of ``rewardaware.GAINS`` per (pod, candidate) pair, concatenated pod-major."""
-    sizes, idx, pod_of = pairs(candidates)
+    return _gains_of_pairs(pods, state, *pairs(candidates), threshold)
+
+
+def _gains_of_pairs(pods: Sequence[Pod], state: ClusterState, sizes: np.ndarray, idx: np.ndarray,
+                    pod_of: np.ndarray, threshold: float) -> dict[str, np.ndarray]:
+    """``reward_gains_batch`` of the pairs ``pairs(candidates)`` gave. A per-pod value enters the pair
+    arithmetic as a per-pair array, or as a numpy scalar when there is one pod (the same values, one
+    gather less each); a term that is zero for every pair is not computed (the live path: one pod at a
+    time, mostly below the knee and not LS)."""
     e = idx.size
     zeros = np.zeros(e)
     if e == 0:
         return {"balance": zeros, "utilisation": zeros, "ls_ok": zeros, "io_locality": zeros,
                 "net_locality": zeros}
-    cpu = np.array([p.cpu_milli for p in pods], dtype=np.float64)[pod_of]
-    mem = np.array([p.memory_mib for p in pods], dtype=np.float64)[pod_of]
+
+    def per_pair(values: list, dtype) -> np.ndarray:
+        a = np.array(values, dtype=dtype)
+        return a[0] if len(values) == 1 else a[pod_of]
+
+    cpu = per_pair([p.cpu_milli for p in pods], np.float64)
+    mem = per_pair([p.memory_mib for p in pods], np.float64)
     cpu_cap = np.maximum(state.cpu_cap[idx], 1)
     d = (cpu / cpu_cap + mem / np.maximum(state.mem_cap[idx], 1)) / 2.0  # pod_utilisation_delta
     u_all = node_mean_utilisation(state)
@@ -199,14 +214,21 @@ def reward_gains_batch(pods: Sequence[Pod], state: ClusterState, candidates: Seq
         balance = -2.0 * (np.sqrt(np.maximum(q1 / n_up - ((s + du) / n_up) ** 2, 0.0)) - std0)
     else:
         balance = zeros
-    # utilisation knee (score_utilisation_gain)
-    utilisation = -(overload_loss(u + d) - overload_loss(u)) / max(n_up, 1)
+    # utilisation knee (score_utilisation_gain): overload_loss is exactly 0 at or below the knee, so with
+    # every u and u + d there the gain is -(0.0 - 0.0) / n = -0.0 everywhere
+    ud = u + d
+    if max(float(ud.max()), float(u.max())) <= UTILISATION_KNEE:
+        utilisation = np.full(e, -0.0)
+    else:
+        utilisation = -(overload_loss(ud) - overload_loss(u)) / max(n_up, 1)
     # ls_ok (score_ls_gain): zero for a pod with no crossing candidate and no own hot placement
-    is_ls = np.array([p.qos == LS_QOS for p in pods], dtype=bool)[pod_of]
+    ls_flags = [p.qos == LS_QOS for p in pods]
+    is_ls = per_pair(ls_flags, bool)
     pressure = node_cpu_pressure(state)
-    after = pressure[idx] + cpu / cpu_cap
-    crossing = (pressure[idx] <= threshold) & (after > threshold)
-    own = ((after > threshold) & is_ls).astype(np.float64)
+    pressure_c = pressure[idx]
+    after = pressure_c + cpu / cpu_cap
+    crossing = (pressure_c <= threshold) & (after > threshold)
+    own = ((after > threshold) & is_ls).astype(np.float64) if any(ls_flags) else zeros
     ls_ok = zeros
     if crossing.any() or own.any():
         moved = np.bincount(pod_of, weights=(crossing | (own > 0)).astype(np.float64), minlength=len(pods)) > 0
@@ -219,9 +241,10 @@ def reward_gains_batch(pods: Sequence[Pod], state: ClusterState, candidates: Seq
         gain = 1.0 - (bad0 + np.where(crossing, ls_nodes[idx], 0.0) + own) / safe - before
         ls_ok = np.where(moved[pod_of] & (total1 > 0), gain, 0.0)
     # io_locality (score_io_gain)
-    io = np.array([p.labels.get(IO_HEAVY_LABEL) == "true" for p in pods], dtype=bool)[pod_of]
+    io_flags = [p.labels.get(IO_HEAVY_LABEL) == "true" for p in pods]
     io_locality = zeros
-    if io.any():
+    if any(io_flags):
+        io = per_pair(io_flags, bool)
         ssd = np.array([n.labels.get(LOCAL_SSD_LABEL) == "true" for n in state.nodes], dtype=np.float64)
         io_locality = np.where(io, ssd[idx], 0.0) / (_label_count(state, IO_HEAVY_LABEL) + 1)
     # net_locality (score_net_gain), per pod with a service
@@ -278,11 +301,20 @@ def scheme_gain_weights(scheme: RewardScheme, load: float) -> dict[str, float]:
     return w
 
 
+@lru_cache(maxsize=None)
+def _scheme(name: str) -> RewardScheme:
+    """The default ``RewardScheme`` of each name, built once (frozen)."""
+    return RewardScheme(name)
+
+
+_FIXED_WEIGHTS = MappingProxyType(scheme_gain_weights(RewardScheme("fixed"), 0.0))  # the fixed scheme's, load-free
+
+
 def combine_gains(gains: Mapping[str, np.ndarray], state: ClusterState, config: RewardAwareConfig) -> np.ndarray:
     """The scheme-weighted sum of the gains (each times its ``config.factors`` entry), times the
     schedulable nodes."""
-    scheme = RewardScheme(config.scheme)
-    weights = scheme_gain_weights(scheme, cluster_load(state) if scheme.name != "fixed" else 0.0)
+    scheme = _scheme(config.scheme)
+    weights = _FIXED_WEIGHTS if scheme.name == "fixed" else scheme_gain_weights(scheme, cluster_load(state))
     n = max(int(state.schedulable.sum()), 1)
     return sum(weights[k] * config.factors.get(k, 1.0) * g for k, g in gains.items()) * n
 
@@ -304,11 +336,11 @@ def score_reward_aware_batch(pods: Sequence[Pod], state: ClusterState, candidate
                              config: RewardAwareConfig = RewardAwareConfig()) -> list[np.ndarray]:
     """``score_reward_aware`` of every pod against the same ``state`` (one array per pod), the gains
     computed for all pairs at once (``reward_gains_batch``)."""
-    sizes, idx, _ = pairs(candidates)
+    sizes, idx, pod_of = pairs(candidates)
     if idx.size == 0:
         return [np.zeros(int(k)) for k in sizes]
-    total = np.asarray(combine_gains(reward_gains_batch(pods, state, candidates, config.threshold), state, config),
-                       dtype=np.float64)
+    gains = _gains_of_pairs(pods, state, sizes, idx, pod_of, config.threshold)
+    total = np.asarray(combine_gains(gains, state, config), dtype=np.float64)
     out = np.split(total, np.cumsum(sizes)[:-1])
     if config.preference_weight > 0:
         out = [t + config.preference_weight * score_preferences(p, state, c) / MAX_NODE_SCORE if len(c) else t
