@@ -142,7 +142,7 @@ async def test_every_bound_decision_has_experience_across_kill_and_sigterm(nats_
         procs = {s: service_processes(module_of(s), env=env) for s in ("graph-builder", "inference", "state-collector")}
         for s, p in procs.items():
             await wait_healthy(bus, s, timeout=60, proc=p)
-        stops = []
+        stops, stopped = [], []
         for at, how in ((40, "SIGKILL"), (120, "SIGTERM")):
             assert await wait_for(lambda: len(log.outcomes()) >= at, timeout=90), reward.output()[-2000:]
             if how == "SIGKILL":
@@ -150,9 +150,10 @@ async def test_every_bound_decision_has_experience_across_kill_and_sigterm(nats_
             else:
                 # a clean exit is the property (its flush, task cancel and drain may be slow on a loaded machine)
                 stops.append(reward.stop(timeout=60))
+                stopped.append(reward)
             reward = service_processes(module_of("reward-calculator"), env=env)
             await wait_healthy(bus, "reward-calculator", timeout=60, proc=reward)
-        assert stops == [0]
+        assert stops == [0], stopped[0].output()[-4000:]
         assert await wait_for(out.exists, timeout=120, interval=0.5), procs["state-collector"].output()[-2000:]
         procs["inference"].stop()
         bound = {e.decision_id for e in log.outcomes() if e.type == "pod_bound"}

@@ -277,3 +277,34 @@ async def test_service_process_stops_cleanly_on_sigterm(nats_url, tmp_path):
         code = proc.stop(timeout=10.0)
     assert code == 0, proc.output()
     assert "service stopped service=echo-proc" in proc.output()
+
+
+async def test_a_backlog_on_one_subscription_does_not_starve_health_probes(nats_url):
+    """A handler that keeps the CPU (no await inside) behind a backlog: the health probe is answered between
+    its messages, not after the whole backlog (a loaded trainer missed `agmarl up`'s final probes so)."""
+    name = f"busy-{uuid.uuid4().hex[:6]}"
+    cluster = f"b{uuid.uuid4().hex[:6]}"
+    rt = ServiceRuntime(name, CommonSettings(nats_url=nats_url, cluster=cluster))
+    handled: list[str] = []
+
+    @rt.handle(subjects.pending(cluster), PendingPod)
+    async def on_pending(msg: PendingPod, ctx: HandlerContext) -> None:
+        until = time.perf_counter() + 0.005  # 5 ms of work that never gives the loop back
+        while time.perf_counter() < until:
+            pass
+        handled.append(msg.pod["name"])
+
+    client = await Bus.connect(nats_url, "busy-client")
+    async with rt:
+        try:
+            total = 200
+            for i in range(total):
+                await client.publish(subjects.pending(cluster), _pending(f"p{i}", cluster))
+            await client.flush()
+            status = await client.request(subjects.health(name), b"", HealthStatus, timeout=30.0)
+            answered_after = len(handled)
+            assert status.status == "healthy"
+            assert answered_after < total // 2, f"health answered only after {answered_after} of {total}"
+            assert await _until(lambda: len(handled) == total, timeout=30.0)  # and the backlog is all handled
+        finally:
+            await client.close()

@@ -204,7 +204,7 @@ class RewardApp:
         since = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=s.outcome_lookback_seconds)
         deadline = time.monotonic() + s.outcome_recall_timeout
         read = recalled = 0
-        while True:
+        while not self.rt.stopping:  # the service stopping ends it (a retry would outlive the connection)
             sub = None
             try:
                 await self.rt.bus.ensure_stream(subjects.EVENTS)
@@ -216,7 +216,7 @@ class RewardApp:
                     self.followed = ("", 0)
                 if info.num_pending == 0 and info.delivered.consumer_seq == 0:
                     await self._recalled(f"no event in the last {s.outcome_lookback_seconds:.0f}s")
-                while True:
+                while not self.rt.stopping:
                     try:
                         msg = await sub.next_msg(timeout=1.0)
                     except asyncio.TimeoutError:  # nothing stored for us for a second: caught up
@@ -245,6 +245,8 @@ class RewardApp:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - degrade to live events until it can be read again
+                if self.rt.stopping:
+                    return
                 self.rt.log.warning("cannot read bind outcomes from %s (%s); retrying in 2 s", subjects.EVENTS.name,
                                     exc)
                 self.followed = None  # meanwhile snapshots and live events decide alone
@@ -288,7 +290,7 @@ class RewardApp:
         """While decisions wait to be dropped: read the binder's ack floor once per ``interval``, then drop
         what it allows."""
         durable = subjects.durable(BINDER, self.settings.cluster)
-        while True:
+        while not self.rt.stopping:
             await asyncio.sleep(interval)
             if not self.negatives:
                 continue

@@ -212,6 +212,11 @@ class ServiceRuntime:
                 self.request_stop()
                 return
 
+    @property
+    def stopping(self) -> bool:
+        """A stop was requested (SIGTERM/SIGINT or ``request_stop``): background loops end instead of retrying."""
+        return self._stop.is_set()
+
     def request_stop(self, sig: int | None = None) -> None:
         """Ask ``run_until_stopped`` to return (what SIGTERM/SIGINT do)."""
         self.log.info("stop requested service=%s signal=%s", self.name, sig)
@@ -253,7 +258,10 @@ class ServiceRuntime:
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=5.0)
+            _, late = await asyncio.wait(list(self._tasks), timeout=5.0)
+            if late:  # a task that swallowed its cancellation keeps the process alive: name it
+                self.log.warning("background tasks still running after cancel service=%s tasks=%s", self.name,
+                                 ",".join(sorted(t.get_name() for t in late)))
         if self.bus is not None:
             await self.bus.drain()
         if self.metrics_port:
@@ -372,6 +380,9 @@ class ServiceRuntime:
                 await self._respond(reg, msg, outcome, result)
         except Exception:
             self.log.exception("middleware failure service=%s subject=%s", self.name, msg.subject)
+        # a subscription with a backlog would otherwise run handler after handler without giving the loop
+        # back (a non-empty queue does not suspend): health probes and the other subscriptions wait behind it
+        await asyncio.sleep(0)
 
     async def _process(self, reg: _Registration, msg: Msg, final: bool) -> tuple[str, Any]:
         subject, data = msg.subject, msg.data
