@@ -21,6 +21,7 @@ The per-pair part is itself an ONNX graph built here from the actor's weights (`
 ONNX Runtime with one thread, like the node tables' product: numpy's BLAS would spread the larger products
 over threads that compete with the service's (a 1,000 x 64 x 64 product: 3 ms of wall time with them on
 this 2-core machine, 0.1 ms on one thread), and numpy's one array per step costs more than ORT's kernels.
+One pod alone (the live loop) runs ``_one_pod_graph``: the same function with reductions instead of scatters.
 
 Shapes: node_emb (N, H), node_x (N, F_n), pod_x (P, F_p), cand_pod / cand_node (E,), cand_attr (E, F_e)
 -> logits (E,), attention (E,) (heads averaged).
@@ -192,6 +193,57 @@ def _pair_graph(w: ActorWeights) -> onnx.ModelProto:
     return _model(nodes, inputs, ["logits", "attention"], init)
 
 
+def _one_pod_graph(w: ActorWeights) -> onnx.ModelProto:
+    """``_pair_graph`` for one pod (P = 1, the live loop's case) in fewer passes over the pairs: the softmax's
+    sums and the attention-weighted sum of xs are reductions over all pairs (a (heads, E) x (E, heads*C)
+    product whose diagonal blocks are the heads' sums) instead of scatters, and the pod's first-layer terms
+    enter as the bias of the pairs' own product. Same inputs and outputs as ``_pair_graph`` (cand_pod unused)."""
+    heads, c, hidden = w.heads, w.channels, w.b0.size
+    n = helper.make_node
+    nodes = [
+        n("Gather", ["xs", "cand_node"], ["xs_e"], axis=0),  # (E, heads*C)
+        n("Gather", ["a_src", "cand_node"], ["as_e"], axis=0),  # (E, heads)
+        n("Gather", ["node_part", "cand_node"], ["np_e"], axis=0),  # (E, hidden)
+        n("MatMul", ["cand_attr", "edge_att"], ["edge_a"]),  # (E, heads)
+        n("Add", ["as_e", "edge_a"], ["s0"]), n("Add", ["s0", "a_dst"], ["s1"]),
+        n("LeakyRelu", ["s1"], ["s"], alpha=w.slope),
+        n("ReduceMax", ["s", "first_axis"], ["m0"], keepdims=1), n("Max", ["m0", "zero"], ["m"]),
+        n("Sub", ["s", "m"], ["s_m"]), n("Exp", ["s_m"], ["e"]),
+        n("ReduceSum", ["e", "first_axis"], ["den"], keepdims=1),
+        n("Add", ["den", "eps"], ["den_eps"]), n("Div", ["e", "den_eps"], ["alpha"]),  # (E, heads)
+        n("Transpose", ["alpha"], ["alpha_t"], perm=[1, 0]),  # (heads, E)
+        n("MatMul", ["alpha_t", "xs_e"], ["agg_all"]),  # (heads, heads*C): head h's sum in block h
+        n("Reshape", ["agg_all", "h_h_c"], ["agg3"]), n("Mul", ["agg3", "diag"], ["agg_d"]),
+        n("ReduceSum", ["agg_d", "second_axis"], ["agg"], keepdims=0),  # (heads, C)
+        n("ReduceMean", ["agg", "first_axis"], ["mean"], keepdims=1),  # (1, C)
+        n("Add", ["mean", "res"], ["pre"]), n("Elu", ["pre"], ["pod_h"], alpha=w.elu_alpha),
+        n("MatMul", ["pod_h", "w_pod_h"], ["ph_first"]), n("Add", ["ph_first", "pod_part"], ["first"]),  # (1, hidden)
+        n("Gemm", ["cand_attr", "w_attr", "first"], ["edge_first"]),  # (E, hidden): attr part + the pod's part
+        n("Add", ["np_e", "edge_first"], ["h1"]), n("Relu", ["h1"], ["r0"]),
+        n("ReduceMean", ["alpha", "last"], ["attention"], keepdims=0),
+    ]
+    init = {"w_attr": w.w_attr, "edge_att": w.edge_att, "zero": np.zeros((1, heads), np.float32),
+            "first_axis": np.array([0], np.int64), "second_axis": np.array([1], np.int64),
+            "last": np.array([-1], np.int64), "eps": np.array(1e-16, np.float32),
+            "h_h_c": np.array([heads, heads, c], np.int64),
+            "diag": np.eye(heads, dtype=np.float32).reshape(heads, heads, 1),
+            "w_pod_h": w.w_pod_h, "flat": np.array([-1], np.int64)}
+    out = "r0"
+    for k, (wt, b) in enumerate(w.layers):
+        init[f"w{k}"], init[f"b{k}"] = wt, b
+        nodes.append(n("Gemm", [out, f"w{k}", f"b{k}"], [f"g{k}"]))
+        out = f"g{k}"
+        if k < len(w.layers) - 1:
+            nodes.append(n("Relu", [out], [f"r{k + 1}"]))
+            out = f"r{k + 1}"
+    nodes.append(n("Reshape", [out, "flat"], ["logits"]))
+    f32, i64 = TensorProto.FLOAT, TensorProto.INT64
+    inputs = [("xs", f32, ["N", heads * c]), ("a_src", f32, ["N", heads]), ("node_part", f32, ["N", hidden]),
+              ("a_dst", f32, [1, heads]), ("res", f32, [1, c]), ("pod_part", f32, [1, hidden]),
+              ("cand_node", i64, ["E"]), ("cand_attr", f32, ["E", w.w_attr.shape[0]])]
+    return _model(nodes, inputs, ["logits", "attention"], init)
+
+
 class NodeTable:
     """The actor's per-node tables (xs, a_src, node part), kept in step with the node embeddings by rows
     (``update``)."""
@@ -228,6 +280,7 @@ class DecomposedActor:
         self.w = weights
         self._node_session = _session(_node_graph(weights, weights.w_node.shape[0]))
         self._pair_session = _session(_pair_graph(weights))
+        self._one_pod_session = _session(_one_pod_graph(weights))
         self.nodes = self.table()
 
     def table(self) -> NodeTable:
@@ -248,7 +301,7 @@ class DecomposedActor:
 
     def agrees_with(self, session: ort.InferenceSession, seed: int = 0) -> bool:
         """Logits and attention within ``PROBE_TOL`` of ``session`` on a random graph (3 pods, 40 nodes,
-        inputs in the features' ranges)."""
+        inputs in the features' ranges) and on its last pod alone."""
         rng = np.random.default_rng(seed)
         shapes = {i.name: i.shape for i in session.get_inputs()}
         n, counts = 40, [5, 17, 40]
@@ -258,10 +311,15 @@ class DecomposedActor:
         cand_pod = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
         cand_node = np.concatenate([rng.choice(n, k, replace=False) for k in counts]).astype(np.int64)
         attr = rng.uniform(0, 1, size=(cand_pod.size, shapes["cand_attr"][1])).astype(np.float32)
-        ref = session.run(None, {"node_emb": emb, "node_x": node_x, "pod_x": pod_x, "cand_pod": cand_pod,
-                                 "cand_node": cand_node, "cand_attr": attr})
-        ours = self.run(self.table().update(emb, node_x, ("probe", 0), None), pod_x, cand_pod, cand_node, attr)
-        return all(a.shape == b.shape and np.allclose(a, b, rtol=0, atol=PROBE_TOL) for a, b in zip(ours, ref))
+        tables = self.table().update(emb, node_x, ("probe", 0), None)
+        last = cand_pod == len(counts) - 1  # and the last pod alone (the one-pod graph)
+        for feed in ((pod_x, cand_pod, cand_node, attr), (pod_x[-1:], cand_pod[last] * 0, cand_node[last], attr[last])):
+            ref = session.run(None, {"node_emb": emb, "node_x": node_x, "pod_x": feed[0], "cand_pod": feed[1],
+                                     "cand_node": feed[2], "cand_attr": feed[3]})
+            ours = self.run(tables, *feed)
+            if not all(a.shape == b.shape and np.allclose(a, b, rtol=0, atol=PROBE_TOL) for a, b in zip(ours, ref)):
+                return False
+        return True
 
     def run(self, tables: list[np.ndarray], pod_x: np.ndarray, cand_pod: np.ndarray, cand_node: np.ndarray,
             cand_attr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -271,8 +329,11 @@ class DecomposedActor:
         pod = pod_x @ w.w_pod  # (P, heads*C + C + hidden): [xd | res | first-layer pod_x columns]
         a_dst = (pod[:, :hc].reshape(-1, w.heads, w.channels) * w.att_dst).sum(-1)  # (P, heads)
         xs, a_src, node_part = tables
-        logits, attention = self._pair_session.run(None, {
-            "xs": xs, "a_src": a_src, "node_part": node_part, "a_dst": a_dst,
-            "res": pod[:, hc:hc + w.channels] + w.bias, "pod_part": pod[:, hc + w.channels:] + w.b0,
-            "cand_pod": cand_pod, "cand_node": cand_node, "cand_attr": cand_attr})
+        feed = {"xs": xs, "a_src": a_src, "node_part": node_part, "a_dst": a_dst,
+                "res": pod[:, hc:hc + w.channels] + w.bias, "pod_part": pod[:, hc + w.channels:] + w.b0,
+                "cand_node": cand_node, "cand_attr": cand_attr}
+        if pod_x.shape[0] == 1 and cand_node.size:
+            logits, attention = self._one_pod_session.run(None, feed)
+        else:
+            logits, attention = self._pair_session.run(None, {**feed, "cand_pod": cand_pod})
         return logits, attention
