@@ -16,6 +16,10 @@ same groups:
                          decreasing packings of the group with an imagined future (``--plan-fill`` x the free
                          GPU milli), judged by GPU milli placed plus what ``--evals`` other imagined futures
                          (``--eval-fill`` x the free GPU milli) still place; it may leave pods out (admission);
+- ``switch:fgd``         ``policies.joint.SwitchPlacer``: ``joint:fgd`` while the sequential placement of the group
+                         on a copy places every pod that fits the cluster alone (nothing is held back while the
+                         cluster can take everything pending), the scenario placement otherwise, judged by GPU
+                         milli placed first (``--overflow-weight`` x what imagined futures place: 0 by default);
 - ``optimum``            the offline ceiling (``sim.optimum``, HiGHS MIP): the most GPU milli any placement of
                          all the run's pods allocates; started from the best heuristic's final cluster,
                          ``--time-limit`` s per seed: when not proven optimal the best value found and the
@@ -24,7 +28,8 @@ same groups:
 Prints the GPU allocation (% of capacity after the last group) and pods placed per placer, the paired
 per-seed differences with 95 % t intervals, and the share of the sequential-FGD -> optimum gap the joint
 placers close (against the optimum found and against the proven bound: the share lies between).
-``--ratio`` changes the load (1.3 x capacity by default; below 1 everything could fit).
+``--ratio`` changes the load (1.3 x capacity by default; below 1 everything could fit); ``--placers`` runs a
+subset (seq:fgd is always run: the differences are against it).
 
     nice .venv/bin/python benchmarks/batch_arrival.py --seeds 110-121
 """
@@ -42,7 +47,7 @@ import numpy as np
 from agmarl_common.core.cluster.model import ClusterState, Pod
 from agmarl_common.core.policies.fgd import FgdPolicy
 from agmarl_common.core.policies.joint import (DEFAULT_EVAL_FILL, DEFAULT_EVALS, DEFAULT_ORDERS, DEFAULT_PLAN_FILL,
-                                              DEFAULT_PLANS, JointPlacer, ScenarioPlacer)
+                                              DEFAULT_PLANS, JointPlacer, ScenarioPlacer, SwitchPlacer)
 from agmarl_common.core.policies.registry import get_policy
 from agmarl_common.core.sim import catalog
 from agmarl_common.core.sim.batches import BatchPlan, BatchResult, SequentialPlacer, apply_binds, plan_batches, run_batches
@@ -117,13 +122,18 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=20.0, help="HiGHS seconds per seed")
     ap.add_argument("--no-model", action="store_true", help="leave out seq:model:default")
     ap.add_argument("--no-clairvoyant", action="store_true", help="leave out the clairvoyant reference")
+    ap.add_argument("--overflow-weight", type=float, default=0.0, help="switch:fgd's weight of imagined futures")
+    ap.add_argument("--placers", default="", help="comma-separated subset of the placers (seq:fgd always runs)")
     ap.add_argument("--json", default="", help="write per-seed figures here")
     args = ap.parse_args()
     seeds = parse_seeds(args.seeds)
     nodes = catalog.cluster_nodes("openb")
     workload = catalog.openb_pods(args.workload)
-    names = (["seq:fgd"] + ([] if args.no_model else ["seq:model:default"]) + ["joint:fgd", "scenario:fgd"]
-             + ([] if args.no_clairvoyant else ["joint:fgd:clairvoyant"]))
+    names = (["seq:fgd"] + ([] if args.no_model else ["seq:model:default"])
+             + ["joint:fgd", "scenario:fgd", "switch:fgd"] + ([] if args.no_clairvoyant else ["joint:fgd:clairvoyant"]))
+    if args.placers:
+        keep = set(args.placers.split(",")) | {"seq:fgd"}
+        names = [n for n in names if n in keep]
     alloc: dict[str, list[float]] = {n: [] for n in names + ["optimum", "optimum bound"]}
     pods: dict[str, list[int]] = {n: [] for n in names}
     secs: dict[str, float] = {n: 0.0 for n in names + ["optimum"]}
@@ -134,10 +144,13 @@ def main() -> None:
         placers = {"seq:fgd": SequentialPlacer(FgdPolicy(seed)),
                    "joint:fgd": JointPlacer(FgdPolicy(seed), orders=args.orders, seed=seed, lookahead=args.lookahead),
                    "scenario:fgd": ScenarioPlacer(FgdPolicy(seed), seed=seed, plans=args.plans, evals=args.evals,
-                                                  plan_fill=args.plan_fill, eval_fill=args.eval_fill)}
+                                                  plan_fill=args.plan_fill, eval_fill=args.eval_fill),
+                   "switch:fgd": SwitchPlacer(FgdPolicy(seed), seed=seed, orders=args.orders, lookahead=args.lookahead,
+                                              plans=args.plans, evals=args.evals, plan_fill=args.plan_fill,
+                                              eval_fill=args.eval_fill, overflow_weight=args.overflow_weight)}
         if not args.no_clairvoyant:
             placers["joint:fgd:clairvoyant"] = ClairvoyantJoint(plan, FgdPolicy(seed), args.orders, seed)
-        if not args.no_model:
+        if "seq:model:default" in names:
             placers["seq:model:default"] = SequentialPlacer(get_policy("model:default", seed))
         results: dict[str, BatchResult] = {}
         for name in names:
@@ -180,13 +193,16 @@ def main() -> None:
     fgd = np.asarray(alloc["seq:fgd"])
     shares: dict[str, dict[str, float]] = {}
     print("paired differences (percentage points of GPU capacity):")
-    if not args.no_model:
+    no_model = "seq:model:default" not in names
+    if not no_model:
         model = np.asarray(alloc["seq:model:default"])
         print(f"- seq:model:default - seq:fgd: {paired(model - fgd)}")
-    for joint_name in ("joint:fgd", "scenario:fgd"):
+    for joint_name in [n for n in ("joint:fgd", "scenario:fgd", "switch:fgd") if n in names]:
         joint = np.asarray(alloc[joint_name])
         print(f"- {joint_name} - seq:fgd: {paired(joint - fgd)}")
-        if not args.no_model:
+        print(f"  pods placed, {joint_name} - seq:fgd: {np.mean(np.asarray(pods[joint_name]) - pods['seq:fgd']):+.1f}"
+              f" per run (seq:fgd {np.mean(pods['seq:fgd']):.1f})")
+        if not no_model:
             print(f"- {joint_name} - seq:model:default: {paired(joint - model)}")
         if not args.no_optimum:
             for ref in ("optimum", "optimum bound"):

@@ -4,8 +4,8 @@ import pytest
 from agmarl_common.core.cluster.filters import violations
 from agmarl_common.core.cluster.model import ClusterState, Node, Pod, Taint, Toleration
 from agmarl_common.core.policies.fgd import BestFitPolicy, FgdPolicy
-from agmarl_common.core.policies.joint import (JointPlacer, ScenarioPlacer, candidate_orders, commit, imagine,
-                                              largest_first)
+from agmarl_common.core.policies.joint import (JointPlacer, ScenarioPlacer, SwitchPlacer, candidate_orders, commit,
+                                              fits_whole, imagine, largest_first)
 from agmarl_common.core.sim.batches import (SequentialPlacer, apply_binds, place_in_order, plan_batches, run_batches,
                                        split_groups, sub_cluster)
 
@@ -48,7 +48,8 @@ def test_the_protocol_is_deterministic_for_a_seed():
         return plan, run_batches(plan, placer, WORKLOAD)
 
     for make in (lambda: SequentialPlacer(FgdPolicy(0)), lambda: JointPlacer(FgdPolicy(0), seed=7, lookahead=8),
-                 lambda: ScenarioPlacer(FgdPolicy(0), seed=7, plans=2, evals=2)):
+                 lambda: ScenarioPlacer(FgdPolicy(0), seed=7, plans=2, evals=2),
+                 lambda: SwitchPlacer(FgdPolicy(0), seed=7, plans=2, evals=2, lookahead=8)):
         (p1, r1), (p2, r2) = run(5, make()), run(5, make())
         assert p1.nodes == p2.nodes and p1.groups == p2.groups and (p1.rank == p2.rank).all()
         assert (r1.node_index == r2.node_index).all() and (r1.used_milli == r2.used_milli).all()
@@ -75,9 +76,13 @@ def test_the_joint_placer_never_violates_the_hard_filter(seed):
                            pod("sel", 1000, 1, 600, node_selector={"kubernetes.io/hostname": "v1"}))
     plan = plan_batches(NODES, workload, rng, n_nodes=len(NODES), ratio=2.0, min_size=8, max_size=40)
     for placer in (JointPlacer(FgdPolicy(seed), seed=seed, lookahead=8, helpers=[BestFitPolicy(seed)]),
-                   ScenarioPlacer(FgdPolicy(seed), seed=seed, plans=2, evals=2), SequentialPlacer(FgdPolicy(seed))):
+                   ScenarioPlacer(FgdPolicy(seed), seed=seed, plans=2, evals=2), SequentialPlacer(FgdPolicy(seed)),
+                   SwitchPlacer(FgdPolicy(seed), seed=seed, plans=2, evals=2, lookahead=8),
+                   SwitchPlacer(FgdPolicy(seed), seed=seed, plans=2, evals=2, lookahead=8, hold_factor=0.5)):
         r = run_batches(plan, placer, workload)  # apply_binds re-runs the hard filter before every bind
         assert violations(r.state) == []
+        if isinstance(placer, SwitchPlacer):
+            assert placer.held_groups > 0  # at 2 x capacity some group overflows: the choosing path ran
         for i, pods in enumerate(r.state.bound):
             for p in pods:
                 assert not NODES[i].taints or p.tolerations
@@ -187,3 +192,46 @@ def test_imagine_draws_until_the_requested_gpu_milli():
     assert 5000 <= total < 6000 and all(p in pool for p in drawn)
     assert imagine([pod("c", 1000)], 5000, np.random.default_rng(0)) == []
     assert imagine(pool, 0, np.random.default_rng(0)) == []
+
+
+def test_the_switch_keeps_every_pod_while_everything_pending_fits():
+    from agmarl_common.core.sim.batches import BatchPlan
+
+    # an 810-milli share, then a whole-GPU pod, on two 1-GPU nodes, for a workload of mostly whole GPUs: the
+    # scenario placer holds the share back for the whole GPUs it imagines (one pod dropped); each group fits
+    # whole, so the switch places both
+    plan = BatchPlan(nodes=(one_gpu_t4("a"), one_gpu_t4("b")),
+                     groups=((pod("s", 1000, 1, 810),), (pod("w", 1000, 1, 1000),)), rank=np.arange(2))
+    workload = [pod("s", 1000, 1, 810)] + [pod(f"w{i}", 1000, 1, 1000) for i in range(3)]
+    for seed in range(3):
+        scen = run_batches(plan, ScenarioPlacer(FgdPolicy(seed), seed=seed), workload)
+        switch = SwitchPlacer(FgdPolicy(seed), seed=seed)
+        r = run_batches(plan, switch, workload)
+        assert scen.placed_pods[-1] == 1  # the behaviour the switch exists to stop
+        assert r.placed_pods[-1] == 2 and r.used_milli[-1] == 1810 and switch.held_groups == 0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_switch_beats_sequential_fgd_where_a_group_overflows_in_a_bad_order(seed):
+    from agmarl_common.core.sim.batches import BatchPlan
+
+    two_gpus = Node("n", cpu_milli=32000, memory_mib=65536, gpu_count=2, gpu_model="T4")
+    # a 500-milli share before a 2-GPU pod on one 2-GPU node: in arrival order 500 milli, the other way 2,000;
+    # an 810-milli share before a whole GPU on one 1-GPU node: 810 in arrival order, 1,000 the other way
+    cases = [(two_gpus, (pod("s", 1000, 1, 500), pod("w", 2000, 2, 1000)), 500, 2000),
+             (one_gpu_t4("a"), (pod("s", 1000, 1, 810), pod("w", 1000, 1, 1000)), 810, 1000)]
+    for node, group, seq_milli, best in cases:
+        plan = BatchPlan(nodes=(node,), groups=(group,), rank=np.arange(1))
+        seq = run_batches(plan, SequentialPlacer(FgdPolicy(seed)), list(group))
+        switch = SwitchPlacer(FgdPolicy(seed), seed=seed)
+        r = run_batches(plan, switch, list(group))
+        assert seq.used_milli[-1] == seq_milli and r.used_milli[-1] == best and switch.held_groups == 1
+        assert violations(r.state) == []
+
+
+def test_fits_whole_tells_whether_the_sequential_placement_places_every_pod():
+    state, rank = ClusterState.empty((one_gpu_t4("a"),)), np.arange(1)
+    fgd = FgdPolicy(0)
+    fgd.observe_workload([pod("s", 1000, 1, 300), pod("w", 1000, 1, 1000)])
+    assert fits_whole(fgd, [pod("s", 1000, 1, 300), pod("t", 1000, 1, 700)], state, rank)
+    assert not fits_whole(fgd, [pod("s", 1000, 1, 300), pod("w", 1000, 1, 1000)], state, rank)

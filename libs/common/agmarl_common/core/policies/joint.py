@@ -28,6 +28,9 @@ back to keep room: in the chosen order every pod that fits at its turn is placed
 Cost: ``orders`` x (group + lookahead) pod placements; 8 orders of a 128-pod group with a 64-pod
 lookahead on 40 nodes: ~0.5-1 s of CPU with FGD. Pure: randomness from ``seed``, no I/O, no clock.
 
+``SwitchPlacer`` runs that choice only in a group that overflows (the cluster cannot take all of it) and
+places every other group whole, so it never leaves a pod out while everything pending fits.
+
 ``ScenarioPlacer`` (its docstring) answers the question the order search cannot: on the batch-arrival
 protocol the idle GPU left at the end is mostly 190-milli slivers beside 810-milli shares, and no order
 avoids them when every pod that fits is placed. It plans the group together with imagined pods drawn
@@ -210,15 +213,18 @@ def future_milli(policy: Policy, future: Sequence[Pod], state: ClusterState, ran
 def place_jointly(policy: Policy, group: Sequence[Pod], state: ClusterState, rank: np.ndarray | None,
                   pool: Sequence[Pod], rng: np.random.Generator, plans: int = DEFAULT_PLANS,
                   evals: int = DEFAULT_EVALS, plan_fill: float = DEFAULT_PLAN_FILL,
-                  eval_fill: float = DEFAULT_EVAL_FILL) -> list[Bind]:
-    """The scenario placement of ``group`` on ``state`` (``ScenarioPlacer``'s docstring). Pure: the imagined
-    futures come from ``pool`` and ``rng``; the answer passes the hard filter on ``state`` in its order."""
+                  eval_fill: float = DEFAULT_EVAL_FILL, ahead_weight: float = 1.0,
+                  extra: Sequence[Sequence[Bind]] = ()) -> list[Bind]:
+    """The scenario placement of ``group`` on ``state`` (``ScenarioPlacer``'s docstring). ``ahead_weight``: the
+    weight of the imagined futures' GPU milli against the group's (0: the group's GPU milli first, the futures
+    only break ties); ``extra``: more candidate placements. Pure: the imagined futures come from ``pool`` and
+    ``rng``; the answer passes the hard filter on ``state`` in its order."""
     free = float(state.gpu_free().sum())
     judges = [imagine(pool, eval_fill * free, rng) for _ in range(evals)]
     arrival, _ = place_in_order(policy, group, range(len(group)), state, rank)
     largest, _ = place_in_order(policy, group, largest_first(group), state, rank)
     candidates = [arrival, largest] + [plan_against(policy, group, imagine(pool, plan_fill * free, rng), state, rank)
-                                       for _ in range(plans)]
+                                       for _ in range(plans)] + [list(b) for b in extra]
     best_key, best = None, []
     seen: set[tuple] = set()
     for binds in candidates:
@@ -228,7 +234,7 @@ def place_jointly(policy: Policy, group: Sequence[Pod], state: ClusterState, ran
         seen.add(tuple(binds))
         placed = sum(group[k].gpu_milli_total for k, _, _ in binds)
         ahead = sum(future_milli(policy, f, end, rank) for f in judges) / max(len(judges), 1)
-        key = (placed + ahead, placed, len(binds))  # ties: the more GPU milli in hand, then more pods
+        key = (placed + ahead_weight * ahead, placed, ahead, len(binds))  # ties: more GPU milli in hand, more pods
         if best_key is None or key > best_key:
             best_key, best = key, binds
     return best
@@ -274,3 +280,76 @@ class ScenarioPlacer:
     def place_group(self, group: Sequence[Pod], state: ClusterState, rank: np.ndarray) -> list[Bind]:
         return place_jointly(self.policy, group, state, rank, self.pool, self.rng, self.plans, self.evals,
                              self.plan_fill, self.eval_fill)
+
+
+# --- The switch: hold pods back only when the pending demand overflows the free capacity --------------------
+
+DEFAULT_HOLD_FACTOR = 0.0  # 0: hold back only when the group does not fit whole (the overflow test alone)
+
+
+def fits_whole(policy: Policy, group: Sequence[Pod], state: ClusterState, rank: np.ndarray | None) -> bool:
+    """Whether ``policy`` placing ``group`` one by one in arrival order on ``state`` places every pod that
+    fits ``state`` on its own (a pod no node can take now never will: nothing departs, so it is not demand
+    the cluster could take)."""
+    binds, _ = place_in_order(policy, group, range(len(group)), state, rank)
+    if len(binds) == len(group):
+        return True
+    placed = {k for k, _, _ in binds}
+    return not any(k not in placed and feasible_mask(group[k], state).any() for k in range(len(group)))
+
+
+class SwitchPlacer:
+    """Pods held back only where the pending demand overflows the free capacity; work-conserving otherwise.
+
+    The group is the pending demand the scheduler knows (in the batch-arrival protocol nothing else is
+    waiting). If the sequential placement of the whole group on a copy of the cluster places every pod that
+    fits the cluster on its own (``fits_whole``), the cluster can take everything pending and nothing is held
+    back: the group is placed sequentially (``search``: by the order search, ``JointPlacer``, kept only if it
+    too places every pod). Otherwise the group overflows and ``place_jointly`` chooses which pods to place,
+    judged by the group's GPU milli placed first (``overflow_weight`` x the imagined futures' GPU milli added:
+    0 by default, so the futures only break ties); its candidates are the sequential and largest-first
+    placements, the scenario plans and (``overflow_search``) the order search's placement, so it never places
+    less GPU milli of the group than the sequential placement. ``hold_factor`` > 0 also holds back (scenario
+    placement as ``ScenarioPlacer``) where the group asks more than ``hold_factor`` x the free GPU milli: that
+    breaks the rule above and loses where no more demand comes (docs/evaluation.md); off by default.
+    Pure: randomness from ``seed``; every bind passes the hard filter by construction.
+    """
+
+    def __init__(self, policy: Policy, seed: int = 0, hold_factor: float = DEFAULT_HOLD_FACTOR,
+                 orders: int = DEFAULT_ORDERS, lookahead: int = DEFAULT_LOOKAHEAD, plans: int = DEFAULT_PLANS,
+                 evals: int = DEFAULT_EVALS, plan_fill: float = DEFAULT_PLAN_FILL,
+                 eval_fill: float = DEFAULT_EVAL_FILL, search: bool = False, overflow_search: bool = True,
+                 overflow_weight: float = 0.0):
+        self.policy = policy
+        self.overflow_weight, self.overflow_search = overflow_weight, overflow_search
+        self.hold_factor, self.search = hold_factor, search
+        self.joint = JointPlacer(policy, orders=orders, seed=seed, lookahead=lookahead)
+        self.scenario = ScenarioPlacer(policy, seed=seed + 1, plans=plans, evals=evals, plan_fill=plan_fill,
+                                       eval_fill=eval_fill)
+        self.held_groups = 0  # groups placed by choosing which pods to place (overflowing, or over hold_factor)
+        self.name = f"switch:{policy.name}"
+
+    def observe_workload(self, pods: Sequence[Pod]) -> None:
+        self.joint.observe_workload(pods)
+        self.scenario.observe_workload(pods)
+
+    def set_objective(self, name: str) -> None:
+        brief(self.policy, None, name)
+
+    def place_group(self, group: Sequence[Pod], state: ClusterState, rank: np.ndarray) -> list[Bind]:
+        if not fits_whole(self.policy, group, state, rank):
+            # overflow: the group alone asks more than the cluster takes; place the most GPU milli of it
+            self.held_groups += 1
+            sc = self.scenario
+            return place_jointly(self.policy, group, state, rank, sc.pool, sc.rng, sc.plans, sc.evals, sc.plan_fill,
+                                 sc.eval_fill, ahead_weight=self.overflow_weight,
+                                 extra=[self.joint.place_group(group, state, rank)] if self.overflow_search else ())
+        if self.hold_factor > 0 and sum(p.gpu_milli_total for p in group) > self.hold_factor * float(
+                state.gpu_free().sum()):
+            self.held_groups += 1
+            return self.scenario.place_group(group, state, rank)
+        if self.search:
+            binds = self.joint.place_group(group, state, rank)
+            if len(binds) == len(group):
+                return binds
+        return place_in_order(self.policy, group, range(len(group)), state, rank)[0]
