@@ -66,19 +66,25 @@ def write_result(path: str | Path, body: dict) -> None:
 
 
 def run_job(config_path: str, incumbent: dict, experience_path: str, out_dir: str, runs_dir: str,
-            result_path: str, force: bool, objective: str = "composite", scheme: str = "fixed") -> None:
+            result_path: str, force: bool, objective: str = "composite", scheme: str = "fixed",
+            niceness: int = 0) -> None:
     """Worker process: ``finetune.run_finetune``, its result (or the error) as JSON in ``result_path``.
 
-    It leads its own process group, so stopping the run stops its rollout workers too (``_stop``)."""
+    It leads its own process group, so stopping the run stops its rollout workers too (``_stop``), and runs
+    ``niceness`` steps below the services (its workers inherit it): a fine-tune sharing cores with the
+    scheduler takes what they leave."""
     from agmarl_trainer.finetune import Incumbent, run_finetune
 
     die_with_parent()  # a trainer killed outright takes its run (and, below, the run's workers) with it
     os.setsid()
+    if niceness > 0:
+        os.nice(niceness)
     try:
         body = run_finetune(config_path, Incumbent(**incumbent), experience_path, out_dir, runs_dir, force=force,
                             objective=objective, scheme=scheme)
     except Exception as err:  # reported to the requester as "failed"
         body = {"rc": 1, "error": f"{type(err).__name__}: {err}"}
+    body["niceness"] = os.nice(0)  # what the run ran at
     write_result(result_path, body)
 
 
@@ -229,7 +235,7 @@ class TrainerApp:
             # not daemonic: the run starts its own rollout worker processes
             proc = multiprocessing.get_context("spawn").Process(target=run_job, args=(
                 str(config), incumbent, str(work / "experience.jsonl"), str(out), str(work / "runs"), str(result),
-                forced(req), self.settings.objective, self.settings.scheme))
+                forced(req), self.settings.objective, self.settings.scheme, self.settings.train_nice))
             self.proc = proc
             proc.start()
             await self._status(req, "running", f"fine-tuning {incumbent['policy']} with {config.name} and {n} "

@@ -266,3 +266,22 @@ async def test_without_a_signing_key_nothing_is_published(nats_url, tmp_path):
     with pytest.raises(RuntimeError, match="no model signing key"):
         await app.publish_model(model)
     assert not (model / modelstore.SIGNATURE_FILE).exists()
+
+
+def test_a_run_takes_what_the_services_leave_it_runs_nicer(tmp_path):
+    """run_job lowers its own priority by ``train_nice`` (its rollout workers inherit it): a fine-tune sharing
+    cores with the scheduler does not slow it (a chaos run on 2 cores fell behind while one ran at the
+    services' priority). A run that fails at once still says how nice it ran."""
+    import multiprocessing
+
+    from agmarl_trainer.app import run_job
+
+    result = tmp_path / "result.json"
+    proc = multiprocessing.get_context("spawn").Process(target=run_job, args=(
+        str(tmp_path / "no-such-config.yaml"), {"policy": "fgd", "model_dir": ""}, str(tmp_path / "none.jsonl"),
+        str(tmp_path / "out"), str(tmp_path / "runs"), str(result), False, "composite", "fixed", 7))
+    proc.start()
+    proc.join(120)
+    body = json.loads(result.read_text())
+    assert body["rc"] == 1 and body["niceness"] == os.nice(0) + 7
+    assert TrainerSettings().train_nice == 10
