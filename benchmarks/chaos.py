@@ -86,6 +86,7 @@ class Recorder:
         self.last_snapshot: m.ClusterSnapshot | None = None
         self.violations: list[tuple[float, int]] = []  # (wall time, a snapshot's violation count)
         self.flowing = asyncio.Event()  # set when a pod is bound by a decision seen after ``since``
+        self.training: list[str] = []  # the trainer's train statuses ("<status> <request id>"): fine-tunes compete for the cores
         self.since = float("inf")
 
     def _epoch(self, epoch: str) -> None:
@@ -106,6 +107,10 @@ class Recorder:
             self.bound_at.append(time.time())
             if self.decided.get(event.decision_id, 0.0) > self.since:
                 self.flowing.set()
+
+    async def on_train_status(self, msg) -> None:
+        status = m.decode(m.TrainStatus, msg.data)
+        self.training.append(f"{status.status} {status.request_id}")
 
     async def on_snapshot(self, msg) -> None:
         snap = m.decode(m.ClusterSnapshot, msg.data)
@@ -329,6 +334,7 @@ async def run(faults: list[Fault], root: Path, nodes: int = 50, stop_seconds: fl
         await bus.subscribe(subjects.decision_wildcard(CLUSTER), rec.on_decision)
         await bus.subscribe(subjects.event(CLUSTER), rec.on_event)
         await bus.subscribe(subjects.snapshot(CLUSTER), rec.on_snapshot)
+        await bus.subscribe(subjects.train_status(), rec.on_train_status)
         status = await wait_all_healthy(bus, 120.0)
         if any(v != "healthy" for v in status.values()):
             raise RuntimeError(f"not healthy: {status}; logs in {system.log_dir}")
@@ -370,6 +376,7 @@ async def run(faults: list[Fault], root: Path, nodes: int = 50, stop_seconds: fl
         unrewarded = scrape(system.metrics_urls()["reward-calculator"], "agmarl_decisions_unrewarded_total")
         published = scrape(system.metrics_urls()["reward-calculator"], "agmarl_experience_published_total")
         recalled = scrape(system.metrics_urls()["reward-calculator"], "agmarl_outcomes_recalled_total")
+        credits = scrape(system.metrics_urls()["reward-calculator"], "agmarl_experience_credit_total")
     finally:
         stop.set()
         following.set()
@@ -386,7 +393,7 @@ async def run(faults: list[Fault], root: Path, nodes: int = 50, stop_seconds: fl
             "epochs": len(rec.epochs), "supervision": system.report(), "supervisor_log": lines,
             "nodes": nodes, "stop_seconds": stop_seconds, "ack_wait": ack_wait, "unrewarded": unrewarded,
             "experience_published": published, "outcomes_recalled": recalled, "experience_stored_at_end": stored,
-            "reward_consumer": reward_consumer}
+            "reward_consumer": reward_consumer, "training": rec.training, "credits": credits}
 
 
 def table(result: dict) -> str:
@@ -423,9 +430,11 @@ def main() -> int:
     ap.add_argument("--ack-wait", type=float, default=30.0, help="AGMARL_DECISION_ACK_WAIT for the services")
     ap.add_argument("--recover-timeout", type=float, default=60.0)
     ap.add_argument("--json", help="write the full result here")
+    ap.add_argument("--keep", help="run in this directory and keep it (the services' logs: DIR/.state/logs)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="agmarl-chaos-") as tmp:
-        result = asyncio.run(run(parse_faults(args.faults), Path(tmp) / ".state", args.nodes, args.stop_seconds,
+        root = Path(args.keep or tmp) / ".state"
+        result = asyncio.run(run(parse_faults(args.faults), root, args.nodes, args.stop_seconds,
                                  args.steady, args.recover_timeout, args.ack_wait,
                                  log=lambda s: print(s, file=sys.stderr, flush=True)))
     print(table(result))
@@ -434,6 +443,8 @@ def main() -> int:
           f"restarts {json.dumps({k: v['restarts'] for k, v in result['supervision'].items() if v['restarts']})}")
     print(f"reward-calculator's unrewarded decisions (last process): {json.dumps(result['unrewarded'])}; its "
           f"decision consumer at the end: {json.dumps(result['reward_consumer'])}")
+    print(f"train statuses during the run: {json.dumps(result['training'])}; last reward-calculator's experience "
+          f"credits: {json.dumps(result['credits'])}")
     print(f"last reward-calculator: experience by what it lacks {json.dumps(result['experience_published'])}; bind "
           f"outcomes read back from EVENTS at its start {json.dumps(result['outcomes_recalled'])}")
     if args.json:

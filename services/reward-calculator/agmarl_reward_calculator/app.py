@@ -125,6 +125,9 @@ class RewardApp:
                                   ["reason"], registry=reg)
         self.redelivered = Counter("agmarl_decisions_redelivered_total",
                                    "Decisions delivered again (held past ack_wait, or after a restart)", registry=reg)
+        self.credits = Counter("agmarl_experience_credit_total",
+                               "Experience credits, computed or why not (budget: over a settling's CPU budget)",
+                               ["outcome"], registry=reg)
         self.held_gauge = Gauge("agmarl_decisions_held", "Decisions waiting for their bind outcome", registry=reg)
         self.recalled_total = Counter("agmarl_outcomes_recalled_total",
                                       "Bind outcomes (pod_bound, bind_rejected) read back from EVENTS at start",
@@ -411,11 +414,18 @@ class RewardApp:
             if h.before is None and not h.late:
                 h.before, h.late = snapshot_before(self.history, h.decision.decided_at, now_wall, late_after)
 
+        # the credits of one settling share a CPU budget: a reward-calculator catching up (a restart, a backlog)
+        # writes the rest without credit ({"missing": "budget"}) rather than fall behind the decisions
+        credit_until = time.monotonic() + self.settings.credit_budget_seconds
+
         def transition(did: str, h: Held):
             # the last snapshot came before the bind (a flush at shutdown): say so when nothing else is missing
             stale = did in force and h.decision.node and view.placement(h.decision.pod_key) != h.decision.node
-            credit = (decision_credit(h.decision, None if h.late else h.before, self.credit_reference, self.scheme)
-                      if self.credit_reference is not None else None)
+            credit = None
+            if self.credit_reference is not None:
+                credit = (decision_credit(h.decision, None if h.late else h.before, self.credit_reference,
+                                          self.scheme) if time.monotonic() < credit_until else {"missing": "budget"})
+                self.credits.labels(outcome=credit.get("missing", "computed")).inc()
             return encoded_experience(h.decision, h.before, view, total, self.settings.experience_max_bytes,
                                       h.late, self.bound_pods.get(did), "next_snapshot" if stale else "", credit)
 

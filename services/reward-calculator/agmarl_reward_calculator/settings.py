@@ -22,3 +22,4 @@ class RewardSettings(CommonSettings):
     # each experience's credit: the difference reward of its placement against this policy's on the same cluster
     # ("" = off); the trainer imitates the decisions with the best credit
     credit_reference: str = "kube-default"
+    credit_budget_seconds: float = 0.2  # CPU for the credits of one settling; the rest get {"missing": "budget"}

@@ -176,11 +176,11 @@ def test_a_torn_last_line_is_skipped(tmp_path):
 LIVE = "exp-live"
 
 
-def live_snapshot(seq: int, bound: tuple[tuple[Pod, int, tuple], ...], pending: tuple[Pod, ...]) -> m.ClusterSnapshot:
+def live_snapshot(cluster: str, seq: int, bound: tuple[tuple[Pod, int, tuple], ...], pending: tuple[Pod, ...]) -> m.ClusterSnapshot:
     s = state()
     for pod, i, gpus in bound:
         s = bind(s, pod, i, gpus)
-    return m.ClusterSnapshot(cluster=LIVE, seq=seq, time=float(seq), state=state_to_dict(s),
+    return m.ClusterSnapshot(cluster=cluster, seq=seq, time=float(seq), state=state_to_dict(s),
                              pending=[to_dict(p) for p in pending], stats={"bound": float(len(bound)), "pending": 0.0})
 
 
@@ -195,37 +195,44 @@ async def seen_snapshot(bus: Bus, seq: int, timeout: float = 10.0) -> None:
     raise TimeoutError(f"the reward-calculator never reported snapshot {seq}")
 
 
-def live_decision(i: int, pod: Pod, node: str) -> m.Decision:
+def live_decision(cluster: str, i: int, pod: Pod, node: str) -> m.Decision:
     now = time.time()
-    return m.Decision(decision_id=f"live-{i}", cluster=LIVE, namespace="default", pod_key=pod.key, node=node,
+    return m.Decision(decision_id=f"{cluster}-{i}", cluster=cluster, namespace="default", pod_key=pod.key, node=node,
                       policy="fgd", mode="full", seen_at=now, decided_at=now)
 
 
-async def test_live_experience_from_the_reward_calculator_becomes_samples(nats_url, service_processes):
+@pytest.mark.parametrize("credit_budget", ["", "0"])
+async def test_live_experience_from_the_reward_calculator_becomes_samples(nats_url, service_processes, credit_budget):
+    """Each experience carries its own credit; with no CPU budget for credits (a reward-calculator catching up)
+    it says so and the experience is written all the same."""
+    # each case its own cluster and decision ids (JetStream drops a message id it saw in the last 2 minutes)
+    live = f"{LIVE}-{credit_budget or 'default'}"
     share = Pod("share", 1000, 1024, num_gpu=1, gpu_milli=500)
     steps = [  # (snapshot the decision is made on, the decision): WEB -> small, HUGE -> big, share -> gpu
-        (live_snapshot(1, (), (WEB, HUGE, share)), live_decision(0, WEB, "small")),
-        (live_snapshot(2, ((WEB, 0, ()),), (HUGE, share)), live_decision(1, HUGE, "big")),
-        (live_snapshot(3, ((WEB, 0, ()), (HUGE, 1, ())), (share,)), live_decision(2, share, "gpu")),
+        (live_snapshot(live, 1, (), (WEB, HUGE, share)), live_decision(live, 0, WEB, "small")),
+        (live_snapshot(live, 2, ((WEB, 0, ()),), (HUGE, share)), live_decision(live, 1, HUGE, "big")),
+        (live_snapshot(live, 3, ((WEB, 0, ()), (HUGE, 1, ())), (share,)), live_decision(live, 2, share, "gpu")),
     ]
-    final = live_snapshot(4, ((WEB, 0, ()), (HUGE, 1, ()), (share, 2, (0,))), ())
+    final = live_snapshot(live, 4, ((WEB, 0, ()), (HUGE, 1, ()), (share, 2, (0,))), ())
     bus = await Bus.connect(nats_url, name="test-live-experience")
     try:
         await bus.ensure_streams()
-        proc = service_processes("agmarl_reward_calculator", env={"NATS_URL": nats_url, "AGMARL_CLUSTER": LIVE})
+        budget = {"AGMARL_CREDIT_BUDGET_SECONDS": credit_budget} if credit_budget else {}
+        proc = service_processes("agmarl_reward_calculator", env={"NATS_URL": nats_url, "AGMARL_CLUSTER": live,
+                                                                  **budget})
         await wait_healthy(bus, "reward-calculator", timeout=30, proc=proc)
         for snap, dec in steps:
-            await bus.publish(subjects.snapshot(LIVE), snap)
+            await bus.publish(subjects.snapshot(live), snap)
             await bus.flush()
             # the decision is made on this snapshot: once the reward-calculator has it (its health says which
             # snapshot it holds), the decision is stamped and published
             await seen_snapshot(bus, snap.seq)
             dec.seen_at = dec.decided_at = time.time()
-            await bus.js_publish(subjects.decision(LIVE, "default"), dec)
-        await bus.publish(subjects.snapshot(LIVE), final)
+            await bus.js_publish(subjects.decision(live, "default"), dec)
+        await bus.publish(subjects.snapshot(live), final)
         await bus.flush()
         got: list[m.Experience] = []
-        sub = await bus.js.subscribe(subjects.experience(LIVE), ordered_consumer=True)
+        sub = await bus.js.subscribe(subjects.experience(live), ordered_consumer=True)
         try:
             for _ in range(100):  # bounded: up to ~10 s for the three transitions
                 if len(got) == 3:
@@ -236,14 +243,17 @@ async def test_live_experience_from_the_reward_calculator_becomes_samples(nats_u
                     continue
         finally:
             await sub.unsubscribe()
-        assert [e.id for e in got] == ["live-0", "live-1", "live-2"], proc.output()[-3000:]
+        assert [e.id for e in got] == [f"{live}-{i}" for i in range(3)], proc.output()[-3000:]
         for e, (snap, dec) in zip(got, steps):
             d, why = decode_decision(e)
             assert why == "" and d is not None, e.state.get("missing")
             assert d.pod.key == dec.pod_key and NODES[d.candidates[d.choice]].name == dec.node
             assert d.state.pods_used.tolist() == state_from_dict(snap.state).pods_used.tolist()  # what it saw
-        assert e.credit["reference"] == "kube-default" and isinstance(e.credit["total"], float)  # its own credit
-        assert d.credit == e.credit["total"]
+            if credit_budget == "0":
+                assert e.credit == {"missing": "budget"} and d.credit is None
+            else:  # its own credit
+                assert e.credit["reference"] == "kube-default" and isinstance(e.credit["total"], float)
+                assert d.credit == e.credit["total"]
         samples, counts = experience_samples(got, quantile=0.0)
         assert counts["used"] == 3 and len(samples) == 3
         labels = [NODES[int(s.graph.cand_node[s.action[0]])].name for s in samples]
