@@ -58,7 +58,9 @@ def test_up_headless_summary(up_run):
     assert s["services"] == {name: "healthy" for name in
                              ("state-collector", "graph-builder", "inference", "reward-calculator",
                               "adaptive-engine", "trainer")}
-    assert s["traces_complete"] >= 0.9 * s["decisions"]
+    # a trace is complete once its pod is bound (the state-collector's span is the bind): decisions still in
+    # flight when the run ends cannot be (1-14 % of them, by the machine's load)
+    assert s["traces_complete"] >= 0.9 * s["pods_bound"]
     assert 0 < s["decision_latency_ms"]["p50"] <= s["decision_latency_ms"]["p99"]
     assert s["ended"] == "duration" and s["short_run"] is False
 
