@@ -150,7 +150,7 @@ def decision_credit(d: m.Decision, before: SnapshotView | None, reference: Polic
         return {"missing": "raced"}
     try:
         state = before.cluster_state()
-        pod = pod_from_dict({k: v for k, v in found[0].items() if k not in ("node_name", "gpu_devices")})
+        pod = pod_from_dict(found[0])  # pending: no node, no devices
     except (TypeError, ValueError, KeyError, AttributeError):
         return {"missing": "invalid_state"}
     node = state.index.get(d.node)

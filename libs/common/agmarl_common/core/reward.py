@@ -70,18 +70,6 @@ class Outcomes:
     pending_time_s: float = 0.0  # mean time the waiting pods have waited
 
 
-def node_utilisation(state: ClusterState) -> np.ndarray:
-    """(n, 3) requested / capacity for cpu, memory, gpu on each schedulable node (gpu 0 where none)."""
-    if state.n_nodes == 0:
-        return np.zeros((0, 3))
-    cpu = state.cpu_used / np.maximum(state.cpu_cap, 1)
-    mem = state.mem_used / np.maximum(state.mem_cap, 1)
-    gpu_cap = state.gpu_count * 1000
-    gpu = state.gpu_used.sum(axis=1) / np.maximum(gpu_cap, 1)
-    util = np.stack([cpu, mem, gpu], axis=1)
-    return util[state.schedulable]
-
-
 def utilisation_by_resource(state: ClusterState) -> dict[str, float]:
     """Cluster-wide requested / allocatable per resource (schedulable nodes only)."""
     return _utilisation(state, state.cpu_used, state.mem_used, state.gpu_used.sum(axis=1))
@@ -119,14 +107,11 @@ def score_utilisation(util: float) -> float:
 
 def balance_std(state: ClusterState) -> float:
     """Std of per-node mean(cpu, memory) utilisation across schedulable nodes."""
-    u = node_utilisation(state)
-    if len(u) == 0:
-        return 0.0
-    return float(np.std(u[:, :2].mean(axis=1)))
+    return _balance_std(state, state.cpu_used, state.mem_used)
 
 
 def _balance_std(state: ClusterState, cpu_used: np.ndarray, mem_used: np.ndarray) -> float:
-    """``balance_std`` of ``state``'s nodes with these per-node requests (the same arithmetic)."""
+    """``balance_std`` of ``state``'s nodes with these per-node requests."""
     if state.n_nodes == 0:
         return 0.0
     cpu = cpu_used / np.maximum(state.cpu_cap, 1)
@@ -160,8 +145,10 @@ def score_constraints(violations: int, n_bound: int) -> float:
     return max(0.0, 1.0 - violations / max(n_bound, 1))
 
 
-def business_terms(state: ClusterState) -> dict[str, float]:
-    """``io_locality`` and ``net_locality`` (see the module docstring); 1 when no pod is concerned."""
+def _locality_walk(state: ClusterState) -> tuple[int, int, dict[tuple[str, str], dict[str, int]],
+                                                  list[tuple[tuple[str, str], str]]]:
+    """One pass over the bound pods: (IO-heavy pods, those on local SSD, (namespace, service) -> zone -> pods,
+    the network-heavy pods' (service, zone) in order)."""
     io_total = io_ok = 0
     zones: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
     net: list[tuple[tuple[str, str], str]] = []
@@ -177,6 +164,12 @@ def business_terms(state: ClusterState) -> dict[str, float]:
                 zones[key][zone] += 1
                 if p.labels.get(NETWORK_HEAVY_LABEL) == "true":
                     net.append((key, zone))
+    return io_total, io_ok, zones, net
+
+
+def business_terms(state: ClusterState) -> dict[str, float]:
+    """``io_locality`` and ``net_locality`` (see the module docstring); 1 when no pod is concerned."""
+    io_total, io_ok, zones, net = _locality_walk(state)
     shares = []
     for key, zone in net:
         peers = sum(zones[key].values()) - 1
@@ -244,20 +237,10 @@ def placement_base(state: ClusterState) -> PlacementBase:
     """The shared part of ``components_after`` for ``state`` (one pass over its bound pods)."""
     hot = node_cpu_pressure(state) > HOT_NODE_THRESHOLD
     ls_on = np.array([sum(1 for p in pods if p.qos == LS_QOS) for pods in state.bound], dtype=np.int64)
-    io_total = io_ok = 0
-    zones: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    io_total, io_ok, zones, net = _locality_walk(state)
     heavy: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for node, pods in zip(state.nodes, state.bound):
-        ssd = node.labels.get(LOCAL_SSD_LABEL) == "true"
-        for p in pods:
-            if p.labels.get(IO_HEAVY_LABEL) == "true":
-                io_total += 1
-                io_ok += ssd
-            if p.service:
-                key = (p.namespace, p.service)
-                zones[key][node.zone] += 1
-                if p.labels.get(NETWORK_HEAVY_LABEL) == "true":
-                    heavy[key][node.zone] += 1
+    for key, zone in net:
+        heavy[key][zone] += 1
     parts = [_net_part(zones[key], h) for key, h in heavy.items()]
     return PlacementBase(state, hot, ls_on, int(ls_on[hot].sum()) if len(ls_on) else 0, int(ls_on.sum()),
                          io_total, io_ok, zones, heavy, float(sum(p[0] for p in parts)), sum(p[1] for p in parts))

@@ -177,20 +177,25 @@ def _pair_graph(w: ActorWeights) -> onnx.ModelProto:
             "last": np.array([-1], np.int64), "second_axis": np.array([1], np.int64),
             "eps": np.array(1e-16, np.float32), "heads_c": np.array([-1, heads, c], np.int64),
             "c_dim": np.array([c], np.int64), "w_pod_h": w.w_pod_h, "flat": np.array([-1], np.int64)}
-    out = "r0"
-    for k, (wt, b) in enumerate(w.layers):
-        init[f"w{k}"], init[f"b{k}"] = wt, b
-        nodes.append(n("Gemm", [out, f"w{k}", f"b{k}"], [f"g{k}"]))
-        out = f"g{k}"
-        if k < len(w.layers) - 1:
-            nodes.append(n("Relu", [out], [f"r{k + 1}"]))
-            out = f"r{k + 1}"
-    nodes.append(n("Reshape", [out, "flat"], ["logits"]))
+    _mlp_tail(w, nodes, init)
     f32, i64 = TensorProto.FLOAT, TensorProto.INT64
     inputs = [("xs", f32, ["N", heads * c]), ("a_src", f32, ["N", heads]), ("node_part", f32, ["N", hidden]),
               ("a_dst", f32, ["P", heads]), ("res", f32, ["P", c]), ("pod_part", f32, ["P", hidden]),
               ("cand_pod", i64, ["E"]), ("cand_node", i64, ["E"]), ("cand_attr", f32, ["E", w.w_attr.shape[0]])]
     return _model(nodes, inputs, ["logits", "attention"], init)
+
+
+def _mlp_tail(w: ActorWeights, nodes: list, init: dict) -> None:
+    """Append the actor's MLP after its first layer ("r0") and the flat ``logits`` output (both pair graphs)."""
+    out = "r0"
+    for k, (wt, b) in enumerate(w.layers):
+        init[f"w{k}"], init[f"b{k}"] = wt, b
+        nodes.append(helper.make_node("Gemm", [out, f"w{k}", f"b{k}"], [f"g{k}"]))
+        out = f"g{k}"
+        if k < len(w.layers) - 1:
+            nodes.append(helper.make_node("Relu", [out], [f"r{k + 1}"]))
+            out = f"r{k + 1}"
+    nodes.append(helper.make_node("Reshape", [out, "flat"], ["logits"]))
 
 
 def _one_pod_graph(w: ActorWeights) -> onnx.ModelProto:
@@ -228,15 +233,7 @@ def _one_pod_graph(w: ActorWeights) -> onnx.ModelProto:
             "h_h_c": np.array([heads, heads, c], np.int64),
             "diag": np.eye(heads, dtype=np.float32).reshape(heads, heads, 1),
             "w_pod_h": w.w_pod_h, "flat": np.array([-1], np.int64)}
-    out = "r0"
-    for k, (wt, b) in enumerate(w.layers):
-        init[f"w{k}"], init[f"b{k}"] = wt, b
-        nodes.append(n("Gemm", [out, f"w{k}", f"b{k}"], [f"g{k}"]))
-        out = f"g{k}"
-        if k < len(w.layers) - 1:
-            nodes.append(n("Relu", [out], [f"r{k + 1}"]))
-            out = f"r{k + 1}"
-    nodes.append(n("Reshape", [out, "flat"], ["logits"]))
+    _mlp_tail(w, nodes, init)
     f32, i64 = TensorProto.FLOAT, TensorProto.INT64
     inputs = [("xs", f32, ["N", heads * c]), ("a_src", f32, ["N", heads]), ("node_part", f32, ["N", hidden]),
               ("a_dst", f32, [1, heads]), ("res", f32, [1, c]), ("pod_part", f32, [1, hidden]),
