@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import bisect
 
-import asyncio
 import functools
 import hashlib
 import json
@@ -376,7 +375,9 @@ async def test_bad_model_rolled_back_within_5s_and_no_infeasible_binding(nats_ur
         async def baseline_back():
             return any(d.policy == BASELINE and d.decided_at > rb.time for d in rec.decisions)
         assert await wait_for(baseline_back, 10), "no baseline decision after the rollback"
-        await asyncio.sleep(0.5)  # binds of the last decisions
+        # the binds of the last decisions: the window ends with a snapshot taken after them
+        t_back = time.time()
+        assert await wait_for(lambda: any(t > t_back for t, _ in rec.snapshots), 10), "no snapshot after"
         t_end = time.time()
 
         # (1) the rollback: in time, back to the previous selection, in KV and in inference too

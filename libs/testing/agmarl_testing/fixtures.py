@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -93,8 +93,10 @@ def start_service(module: str, env: Mapping[str, str] | None = None, args: Seque
     return ServiceProcess(module, env, args, log_path).start()
 
 
-async def wait_healthy(bus, service: str, timeout: float = 15.0, proc: ServiceProcess | None = None) -> HealthStatus:
-    """Poll ``subjects.health(service)`` until it answers "healthy" (bounded by ``timeout``)."""
+async def health_until(bus, service: str, check: Callable[[HealthStatus], bool], timeout: float = 15.0,
+                       proc: ServiceProcess | None = None, what: str = "") -> HealthStatus:
+    """Poll ``subjects.health(service)`` until a reply passes ``check`` (bounded by ``timeout``); fails at once,
+    with the process's output, if ``proc`` ends first."""
     deadline = time.monotonic() + timeout
     last: object = None
     while time.monotonic() < deadline:
@@ -102,14 +104,19 @@ async def wait_healthy(bus, service: str, timeout: float = 15.0, proc: ServicePr
             raise RuntimeError(f"{service} exited with {proc.returncode}:\n{proc.output()[-4000:]}")
         try:
             status = await bus.request(subjects.health(service), b"", HealthStatus, timeout=0.5)
-            if status.status == "healthy":
+            if check(status):
                 return status
-            last = status.status
+            last = status
         except Exception as exc:  # no responder yet / timeout
             last = exc
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.05)
     tail = proc.output()[-4000:] if proc is not None else ""
-    raise TimeoutError(f"{service} not healthy within {timeout}s (last: {last!r})\n{tail}")
+    raise TimeoutError(f"{service} not {what or 'there'} within {timeout}s (last: {last!r})\n{tail}")
+
+
+async def wait_healthy(bus, service: str, timeout: float = 15.0, proc: ServiceProcess | None = None) -> HealthStatus:
+    """Poll ``subjects.health(service)`` until it answers "healthy" (bounded by ``timeout``)."""
+    return await health_until(bus, service, lambda s: s.status == "healthy", timeout, proc, "healthy")
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,6 @@ The driver breaks ties among the top extender scores at random, as kube-schedule
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
 from collections import Counter
@@ -161,14 +160,17 @@ async def test_the_log_node_equals_the_binding_for_every_pod_with_random_tie_bre
         spread = [per_node.get(n, 0) for n in names() if n != LOADED]  # LOADED starts with 12 of 32 cpu taken
         assert max(spread) - min(spread) <= 2  # 40 pods on 9 empty nodes: spread as least-allocated intends
         # one trace per pod: its filter, prioritize and bind spans and the decision share the trace id
-        await asyncio.sleep(0.1)
-        spans = exporter.get_finished_spans()
+        def spans_of(k: int) -> list:
+            return [s for s in exporter.get_finished_spans() if s.name.startswith("extender ")
+                    and s.name != "extender publish decision" and s.attributes.get("agmarl.pod") == f"default/p{k}"]
+
+        want = {0: ["extender filter", "extender prioritize"],
+                1: ["extender bind", "extender filter", "extender prioritize"]}
+        # a span is exported when it ends, which may come just after its decision is published
+        await until(lambda: all(len(spans_of(k)) >= len(want[k]) for k in want), "every span of p0 and p1 ended")
         for k in (0, 1):
-            mine = [s for s in spans if s.name.startswith("extender ") and s.name != "extender publish decision"
-                    and s.attributes.get("agmarl.pod") == f"default/p{k}"]
-            verbs = sorted(s.name for s in mine)
-            assert verbs == (["extender bind", "extender filter", "extender prioritize"] if k else
-                             ["extender filter", "extender prioritize"])
+            mine = spans_of(k)
+            assert sorted(s.name for s in mine) == want[k]
             trace_ids = {format(s.context.trace_id, "032x") for s in mine}
             assert trace_ids == {logged[f"default/p{k}"].trace_id}
         assert N_NODES == 10

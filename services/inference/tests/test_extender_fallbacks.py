@@ -93,7 +93,8 @@ async def test_slow_or_failing_model_answers_default_scores_within_budget(nats_u
         assert first == second == expected
         assert elapsed < 0.3, f"answered after {elapsed:.3f}s (budget 0.1 s, model 0.4 s)"
         assert r.fallbacks("model_timeout") == 1 and r.fallbacks("model_busy") == 1
-        await asyncio.sleep(0.45)
+        # the slow call ends: the model's one thread runs this no-op after it (and after its slot is released)
+        await asyncio.wrap_future(r.ext.service._model_pool.submit(lambda: None))
         r.app.policy = BrokenPolicy()
         assert await prioritize(r) == expected and r.fallbacks("model_error") == 1
         assert sample(r.rt.registry, "agmarl_decisions_total", {"policy": "broken-model", "mode": "full",

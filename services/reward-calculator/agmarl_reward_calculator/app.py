@@ -90,6 +90,7 @@ class RewardApp:
         self.settled: OrderedDict[str, str] = OrderedDict()  # decision id -> how (a redelivery is acked at once)
         # decision id -> ("bound" | "refused", the event's epoch, its seq), from events (live, and from EVENTS)
         self.outcomes: OrderedDict[str, Any] = OrderedDict()
+        self.outcomes_seen = 0  # bind outcomes recorded since start (live and read back; health: "outcomes_seen")
         self.bound_by: OrderedDict[str, str] = OrderedDict()  # "<epoch>/<pod key>" -> the decision that bound it
         # decision id -> the pod its pod_bound event carried (for a pod that left before a snapshot showed it)
         self.bound_pods: OrderedDict[str, dict[str, Any]] = OrderedDict()
@@ -175,6 +176,8 @@ class RewardApp:
         """Record a bind outcome (live, or read back from EVENTS); False when ``msg`` is none."""
         if msg.cluster != self.settings.cluster or not msg.decision_id:
             return False
+        if msg.type in ("pod_bound", "bind_rejected"):
+            self.outcomes_seen += 1
         if msg.type == "pod_bound":
             self._remember(self.outcomes, msg.decision_id, ("bound", msg.epoch, msg.seq))
             self._remember(self.bound_by, f"{msg.epoch}/{msg.pod_key}", msg.decision_id)
@@ -496,7 +499,8 @@ async def main() -> int:
                      deliver_new=True, max_ack_pending=settings.max_waiting)(app.on_decision)
     rt.on_stop(app.flush)
     rt.health_details = lambda: {"snapshot_epoch": app.last_epoch, "snapshot_seq": app.last_seq,
-                                 "held": len(app.waiting), "outcomes_read": app.recalled.is_set()}
+                                 "held": len(app.waiting), "outcomes_read": app.recalled.is_set(),
+                                 "outcomes_seen": app.outcomes_seen}
     await rt.start()
     # in the background: SIGTERM is handled (flush) from the moment the service reports healthy
     rt.spawn(rt.bus.ensure_streams(), name="ensure-streams")

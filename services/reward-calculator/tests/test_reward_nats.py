@@ -18,7 +18,7 @@ from agmarl_common.runtime import messages as m
 from agmarl_common.runtime import subjects
 from agmarl_common.runtime.bus import Bus
 from agmarl_common.core.cluster.model import ClusterState, Node, Pod, bind, state_to_dict, to_dict
-from agmarl_testing.fixtures import wait_healthy
+from agmarl_testing.fixtures import health_until, wait_healthy
 
 CLUSTER = "reward-it"
 
@@ -101,14 +101,7 @@ async def test_components_scheme_and_experience_dedup(nats_url, service_processe
         assert {"utilisation", "balance", "sla", "constraints", "business"} <= set(r.components)
         assert all(0.0 <= v <= 1.0 for v in r.components.values())
 
-        sub = await bus.js.subscribe(subjects.experience(CLUSTER), ordered_consumer=True)
-        got = []
-        try:
-            while True:
-                got.append(m.decode(m.Experience, (await sub.next_msg(timeout=1.0)).data))
-        except asyncio.TimeoutError:
-            pass
-        await sub.unsubscribe()
+        got = await read_experience(bus, CLUSTER)
         assert [e.id for e in got] == ["dedup-1", "ok-2"]
         # the first delivery came before any snapshot: the first one, within late_seconds of the decision, stands
         # for the cluster it was made on (it already shows the pod bound: taken back to before)
@@ -152,13 +145,16 @@ async def test_a_killed_process_s_bound_decisions_are_rewarded_after_their_pods_
         proc = service_processes("agmarl_reward_calculator", env=env)
         await wait_healthy(bus, "reward-calculator", timeout=30, proc=proc)
         pods = ("p1", "p2", "p3", "p4")
-        await bus.publish(subjects.snapshot(cluster), snapshot(next(seq), (), cluster, pending=pods))
-        await asyncio.sleep(0.3)  # the snapshot before the decisions
+        first = next(seq)
+        await bus.publish(subjects.snapshot(cluster), snapshot(first, (), cluster, pending=pods))
+        await health_until(bus, "reward-calculator", lambda h: h.details.get("snapshot_seq", -1) >= first,
+                           proc=proc, what="on the snapshot before the decisions")
         for i, pod in enumerate(pods, 1):
             await bus.js_publish(subjects.decision(cluster, "default"), decision(f"d{i}", pod, "a", cluster))
         assert await until(lambda: held(bus, 4, cluster)), proc.output()[-3000:]
         await event("pod_bound", "d1", "p1")  # seen by this process, never by the next one
-        await asyncio.sleep(0.3)
+        await health_until(bus, "reward-calculator", lambda h: h.details.get("outcomes_seen", 0) >= 1, proc=proc,
+                           what="told d1 is bound")
         os.kill(proc.pid, signal.SIGKILL)
         proc.proc.wait(10)
         # while it is down: d2 bound, d3 refused, d4 never applied; d5 decided and bound
