@@ -114,6 +114,15 @@ async def health_until(bus, service: str, check: Callable[[HealthStatus], bool],
     raise TimeoutError(f"{service} not {what or 'there'} within {timeout}s (last: {last!r})\n{tail}")
 
 
+async def health_advances(bus, service: str, key: str, by: int, timeout: float = 15.0,
+                          proc: ServiceProcess | None = None) -> HealthStatus:
+    """Wait until the counter ``key`` of ``service``'s health details has grown by ``by`` from now (bounded): an
+    event to wait on where a test checks that something did *not* happen over some of the service's rounds."""
+    now = (await health_until(bus, service, lambda s: key in s.details, timeout, proc, f"reporting {key}")).details[key]
+    return await health_until(bus, service, lambda s: s.details.get(key, now) >= now + by, timeout, proc,
+                              f"past {key} {now} + {by}")
+
+
 async def wait_healthy(bus, service: str, timeout: float = 15.0, proc: ServiceProcess | None = None) -> HealthStatus:
     """Poll ``subjects.health(service)`` until it answers "healthy" (bounded by ``timeout``)."""
     return await health_until(bus, service, lambda s: s.status == "healthy", timeout, proc, "healthy")

@@ -119,6 +119,7 @@ class AdaptiveApp:
         self.last_snapshot: tuple[float, dict] | None = None
         self.stored: set[str] = set()  # model versions found in the Object Store (verified when published)
         self.trust = modelstore.ModelTrust.load(settings.trusted_model_keys, settings.allowed_model_dirs)
+        self.ticks = 0  # ticks run (health: "ticks")
         self.lock = asyncio.Lock()  # one writer of the selection at a time: the tick loop or an event handler
         reg = rt.registry
         self.drift_alerts = Counter("agmarl_drift_alerts_total", "Drift alarms", ["detector"], registry=reg)
@@ -134,7 +135,7 @@ class AdaptiveApp:
             return {}
         return {"policy": c.active.get("policy", ""), "mode": c.active.get("mode", ""), "regime": c.gate.regime,
                 "rewards_in_window": len(c.rewards), "history": len(c.history), "published": c.last_published,
-                "experts": dict(c.library.experts)}
+                "experts": dict(c.library.experts), "ticks": self.ticks}
 
     def known(self, name: str) -> bool:
         """A name the registry resolves here, or ``model:<version>`` stored in the Object Store."""
@@ -298,6 +299,7 @@ class AdaptiveApp:
                         await self.apply(sw)
             except Exception:  # noqa: BLE001 - one failed tick (e.g. NATS reconnecting) must not stop the loop
                 self.rt.log.exception("adaptive tick failed")
+            self.ticks += 1
 
 
 async def main() -> int:

@@ -13,7 +13,7 @@ from agmarl_common.runtime import messages as m
 from agmarl_common.runtime import subjects
 from agmarl_common.core.adaptive import history as hist
 from agmarl_common.runtime.bus import Bus
-from agmarl_testing.fixtures import wait_healthy
+from agmarl_testing.fixtures import health_advances, wait_healthy
 
 CLUSTER = "adaptive-it"
 
@@ -162,8 +162,8 @@ async def test_model_inference_refuses_is_rolled_back(nats_url, service_processe
             h = await bus.request(subjects.health("inference"), b"", m.HealthStatus, timeout=1.0)
             return h.details.get("policy") == "kube-resources" and not h.details.get("model_version")
         assert await wait_until(serving_baseline, 3.0)
-        # the refused model is quarantined: the engine keeps the rollback (one event, one rollback)
-        await asyncio.sleep(0.5)
+        # the refused model is quarantined: the engine keeps the rollback (one event, one rollback) for five ticks
+        await health_advances(bus, "adaptive-engine", "ticks", 5)
         assert len(refused) == 1 and (await kv_selection(bus)).reason == sel.reason
     finally:
         await bus.close()

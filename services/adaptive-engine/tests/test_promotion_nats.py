@@ -19,7 +19,7 @@ from agmarl_common.serving import modelstore, signing
 from agmarl_common.runtime import subjects
 from agmarl_common.core.adaptive import history as hist
 from agmarl_common.runtime.bus import Bus
-from agmarl_testing.fixtures import wait_healthy
+from agmarl_testing.fixtures import health_advances, wait_healthy
 
 CLUSTER = "promotion-it"
 GATE_REASON = "candidate alloc_at_100 94.83 > incumbent 94.47, no hard violations"
@@ -135,7 +135,7 @@ async def test_published_model_is_promoted_judged_and_rolled_back(nats_url, serv
         await bus.publish(subjects.model_published(), await store_version(bus, v3, key=signer))
         seen = await wait_until(lambda: _is(health, "published", None, v3), 10.0)
         assert seen["published"]["outcome"].startswith("left alone: the active selection kube-resources is not a model")
-        await asyncio.sleep(0.5)  # five ticks
+        await health_advances(bus, "adaptive-engine", "ticks", 5)
         assert not any(e.policy == f"model:{v3}" for e in events)
         assert (await kv_selection(bus)).policy == "kube-resources"
 
