@@ -235,6 +235,13 @@ class System:
         metrics = "  ".join(f"{s}=:{port}" for s, port in self.metrics_ports.items())
         return f"extender http://127.0.0.1:{self.http_port}   metrics (/metrics on 127.0.0.1) {metrics}"
 
+    def pids(self) -> dict[str, int | None]:
+        """The processes running now: each service and the embedded nats-server."""
+        out: dict[str, int | None] = {k: p.pid for k, p in self.procs.items() if p.poll() is None}
+        if self.nats is not None:
+            out[NATS] = self.nats.pid
+        return out
+
     def exited(self) -> dict[str, int]:
         """Services whose process has ended, with their exit code."""
         return {name: p.returncode for name, p in self.procs.items() if p.poll() is not None}

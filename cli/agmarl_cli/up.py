@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from agmarl_cli.keys import local_model_keys
-from agmarl_cli.monitor import Monitor, check_health, traces_complete
+from agmarl_cli.monitor import Monitor, check_health, latency_split, process_cpu_seconds, traces_complete
 from agmarl_cli.supervisor import SERVICES, System, state_dir
 from agmarl_common.runtime.bus import Bus
 from agmarl_common.runtime.telemetry import read_spans
@@ -22,6 +22,10 @@ PROBE_TIMEOUTS = (1.0, 2.0, 4.0, 8.0)  # one health probe's wait, longer on each
 def render(mon: Monitor, elapsed: float, services: dict[str, str]) -> str:
     s = mon.stats
     lat = mon.latency_summary()
+    load = mon.load_summary() if elapsed >= 2.0 else {}  # rates over the run so far, once there is one
+    offered = f"   pods announced/s {load['announced_per_s']:.1f}" if "announced_per_s" in load else ""
+    if load.get("keeping_up") is False:
+        offered += "  (decisions falling behind: the latency includes a growing queue)"
     lines = [
         f"AGMARL-DKS  cluster {mon.cluster}   t={elapsed:6.0f}s   (Ctrl-C to stop)",
         "",
@@ -30,7 +34,8 @@ def render(mon: Monitor, elapsed: float, services: dict[str, str]) -> str:
         f"utilisation cpu {s.get('utilisation_cpu', 0):5.1%}  mem {s.get('utilisation_memory', 0):5.1%}"
         f"  gpu {s.get('utilisation_gpu', 0):5.1%}   balance (std) {s.get('balance', 0):.3f}"
         f"   violations {int(s.get('violations', 0))}",
-        f"decision latency p50 {lat['p50']:.1f} ms  p99 {lat['p99']:.1f} ms",
+        f"decision latency (pod published -> decided) p50 {lat['p50']:.1f} ms  p99 {lat['p99']:.1f} ms"
+        f"   decided/s {load.get('decided_per_s', 0.0):.1f}{offered}",
         "services: " + "  ".join(f"{k}={'ok' if v == 'healthy' else v}" for k, v in services.items()),
         "",
         "recent decisions:",
@@ -64,6 +69,7 @@ async def run_up(duration: float | None, summary_path: str | None, view: bool, e
         bus = await Bus.connect(url, name="agmarl-cli", auth=system.cli_auth())  # reconnects after a NATS restart
         await mon.attach(bus)
         await wait_healthy(bus, system, services, stop)
+        mon.start_measuring(cpu=process_cpu_seconds(system.pids()))  # latency: pods announced from now on
         print(f"agmarl: cluster {cluster}: {system.endpoints()}", flush=True)
         started = time.monotonic()
         last_print = last_probe = 0.0
@@ -99,6 +105,7 @@ async def run_up(duration: float | None, summary_path: str | None, view: bool, e
                 await asyncio.wait_for(stop.wait(), timeout=1.0)
             except asyncio.TimeoutError:
                 pass
+        mon.stop_measuring(cpu=process_cpu_seconds(system.pids()))
         if bus is not None and bus.is_connected:
             services = await probe_health(bus, list(SERVICES), 3.0)  # busy services (2 cores) answer late
             late = [name for name, status in services.items() if status.startswith("no answer")]
@@ -130,6 +137,12 @@ async def run_up(duration: float | None, summary_path: str | None, view: bool, e
         Path(summary_path).write_text(json.dumps(summary, indent=2))
     print(json.dumps({k: summary[k] for k in ("decisions", "pods_bound", "constraint_violations",
                                               "traces_complete", "decision_latency_ms", "ended", "restarts")}))
+    load = summary["load"]
+    if load.get("keeping_up") is False:
+        print(f"agmarl: decisions did not keep up with the arrivals: {load['announced_per_s']:.1f} pods announced/s,"
+              f" {load['decided_per_s']:.1f} decided/s on {load['cpus']} cores (1-minute load {load['load_1m'][0]}"
+              f" -> {load['load_1m'][1]}); the decision latency above includes that growing queue"
+              f" (decision_latency_ms.queue_ms); --rate lowers the arrivals", file=sys.stderr)
     exits = {name: r for name, r in summary["supervision"].items() if r["exits"]}
     if exits:
         print(f"agmarl: exits and restarts: {json.dumps(exits)}", file=sys.stderr)
@@ -171,6 +184,9 @@ async def wait_healthy(bus: Bus, system: System, services: dict[str, str], stop:
 def build_summary(mon: Monitor, services: dict[str, str], system: System, elapsed: float) -> dict:
     spans = read_spans(str(system.trace_dir)) if system.trace_dir.exists() else []
     complete = traces_complete(mon.trace_ids, spans)
+    latency = {**mon.latency_summary(),
+               "measured": "pod published (state-collector) -> decision made (inference), pods announced after "
+                           "every service was healthy", **latency_split(mon.measured, spans)}
     return {
         "duration_s": round(elapsed, 2),
         "decisions": mon.decisions,
@@ -181,7 +197,9 @@ def build_summary(mon: Monitor, services: dict[str, str], system: System, elapse
         "services": services,
         "traces_complete": complete,
         "traces_complete_ratio": round(complete / mon.decisions, 4) if mon.decisions else 0.0,
-        "decision_latency_ms": mon.latency_summary(),
+        "decision_latency_ms": latency,
+        "startup": mon.startup_summary(),
+        "load": mon.load_summary(),
         "utilisation": {k[len("utilisation_"):]: v for k, v in mon.stats.items() if k.startswith("utilisation_")},
         "balance_std": mon.stats.get("balance", 0.0),
         "trace_dir": str(system.trace_dir),

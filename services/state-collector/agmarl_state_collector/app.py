@@ -1,7 +1,8 @@
 """state-collector: wires the cluster source to subjects.
 
 Simulator source: every tick the simulated cluster advances; events, a snapshot and the pods that
-need a decision are published. Each newly pending pod starts a trace (the decision's root span)
+need a decision are published, each new pod as far into the tick as the simulator created it (``paced``:
+a tick's arrivals are not one burst). Each newly pending pod starts a trace (the decision's root span)
 that graph-builder and inference continue through the NATS headers. Decisions bind pods in the
 simulator; the simulator re-checks the hard filter before binding.
 
@@ -26,6 +27,7 @@ import time
 import uuid
 from collections import OrderedDict
 
+from opentelemetry.context import Context
 from prometheus_client import Counter, Gauge
 
 from agmarl_common.runtime import messages as m
@@ -37,7 +39,7 @@ from agmarl_common.runtime.service import HandlerContext, ServiceRuntime
 from agmarl_common.runtime.settings import load_settings
 from agmarl_state_collector.settings import CollectorSettings
 from agmarl_state_collector.replay import InflationReplay
-from agmarl_state_collector.simsource import SimulatedCluster
+from agmarl_state_collector.simsource import SimulatedCluster, paced
 from agmarl_state_collector.snapshots import SnapshotPublisher, snapshot_message
 
 SERVICE = "state-collector"
@@ -56,6 +58,9 @@ class CollectorApp:
         self.last_snapshot = float("-inf")
         self.snapshot_cost = 0.0  # seconds the last snapshot took to build and publish
         self.finished = False  # a trace replay has decided every pod
+        self.paced = isinstance(sim, SimulatedCluster)  # a trace replay announces by its own rate, at once
+        self.announced = 0  # PendingPods published (in the snapshot stats: the arrival rate `agmarl up` reports)
+        self.clock, self.sleep = time.monotonic, asyncio.sleep  # the pacing's (a test's fake clock)
         self.violations = 0
         self.snapshots = SnapshotPublisher(rt, settings.max_message_bytes)
         # decision id -> (its outcome event, stored in EVENTS yet): a redelivered decision is not applied again
@@ -169,28 +174,52 @@ class CollectorApp:
                              self.settings.replay_out or "-")
 
     async def announce_due(self) -> None:
-        now = time.time()
-        cluster = self.settings.cluster
-        for pod in self.sim.due(now):
-            with self.rt.tracer.start_as_current_span(f"{SERVICE} pending_pod_seen") as span:
-                span.set_attribute("agmarl.pod", pod.key)
-                span.set_attribute("agmarl.cluster", cluster)
-                await self.rt.publish(subjects.pending(cluster), m.PendingPod(
-                    cluster=cluster, pod=to_dict(pod), seen_at=time.time(), seq=self.seq))
+        for pod in self.sim.due(time.time()):
+            await self.announce(pod)
 
-    async def tick(self) -> None:
+    async def announce(self, pod) -> None:
+        """Publish one pending pod; its ``seen_at`` (now) is where its decision latency starts. Its span is a trace's
+        root, also when a decision's handler announces it (a retry): not one more child of that decision's trace."""
+        cluster = self.settings.cluster
+        with self.rt.tracer.start_as_current_span(f"{SERVICE} pending_pod_seen", context=Context()) as span:
+            span.set_attribute("agmarl.pod", pod.key)
+            span.set_attribute("agmarl.cluster", cluster)
+            await self.rt.publish(subjects.pending(cluster), m.PendingPod(
+                cluster=cluster, pod=to_dict(pod), seen_at=time.time(), seq=self.seq))
+        self.announced += 1
+
+    async def announce_paced(self, due: list, started: float) -> None:
+        """Announce ``due`` ((offset, pod) from ``paced``), each at ``started`` + its offset."""
+        for offset, pod in due:
+            wait = started + offset - self.clock()
+            if wait > 0:
+                await self.sleep(wait)
+            if self.sim.is_pending(pod.key):
+                await self.announce(pod)
+
+    async def tick(self) -> list:
+        """One simulator step: its events, a snapshot when due; returns the pods to announce during this tick
+        (``paced``; a trace replay announces its due pods here, at once)."""
         s = self.settings
+        since = self.sim.state.time
         events = self.sim.advance(s.tick_seconds * s.sim_time_scale)
-        for ev in events:
-            if ev.type == "pod_bound":
-                continue  # published when the decision is applied
-            await self.publish_event(ev.type, ev.pod_key, ev.node, ev.reason, at=ev.time)
-        budget = self.snapshot_cost / s.snapshot_cpu_share if s.snapshot_cpu_share > 0 else 0.0
-        if time.monotonic() - self.last_snapshot >= max(s.snapshot_seconds, budget):
-            self.last_snapshot = time.monotonic()
-            await self.publish_snapshot()
-            self.snapshot_cost = time.monotonic() - self.last_snapshot
-        await self.announce_due()
+        # taken before the first await: a decision handled meanwhile (sim_progress) must not announce them at once
+        due = paced(self.sim.due(time.time()), since, s.sim_time_scale) if self.paced else []
+        try:  # taken due, they are announced whatever happens here (else not before 10 retry periods)
+            for ev in events:
+                if ev.type == "pod_bound":
+                    continue  # published when the decision is applied
+                await self.publish_event(ev.type, ev.pod_key, ev.node, ev.reason, at=ev.time)
+            budget = self.snapshot_cost / s.snapshot_cpu_share if s.snapshot_cpu_share > 0 else 0.0
+            if time.monotonic() - self.last_snapshot >= max(s.snapshot_seconds, budget):
+                self.last_snapshot = time.monotonic()
+                await self.publish_snapshot()
+                self.snapshot_cost = time.monotonic() - self.last_snapshot
+        except Exception:  # noqa: BLE001 - the loop must survive a bad tick; the log has the traceback
+            self.rt.log.exception("tick failed")
+        if not self.paced:
+            await self.announce_due()
+        return due
 
     async def publish_snapshot(self) -> None:
         state = self.sim.state
@@ -201,7 +230,8 @@ class CollectorApp:
         util = utilisation_by_resource(cluster)
         stats = {f"utilisation_{k}": v for k, v in util.items()}
         stats.update(balance=balance_std(cluster), pending=float(len(state.pending)),
-                     violations=float(len(found)), bound=float(sum(len(b) for b in cluster.bound)))
+                     violations=float(len(found)), bound=float(sum(len(b) for b in cluster.bound)),
+                     announced=float(self.announced))
         stats.update({k: float(v) for k, v in state.counters.as_dict().items()})
         for k, v in util.items():
             self.util_gauge.labels(resource=k).set(v)
@@ -216,12 +246,12 @@ class CollectorApp:
         """Tick forever; the runtime cancels this task at shutdown."""
         period = self.settings.tick_seconds
         while True:
-            started = time.monotonic()
+            started = self.clock()
             try:
-                await self.tick()
+                await self.announce_paced(await self.tick(), started)
             except Exception:  # noqa: BLE001 - the loop must survive a bad tick; the log has the traceback
                 self.rt.log.exception("tick failed")
-            await asyncio.sleep(max(0.0, period - (time.monotonic() - started)))
+            await self.sleep(max(0.0, period - (self.clock() - started)))
 
 
 def make_source(settings: CollectorSettings) -> SimulatedCluster | InflationReplay:

@@ -110,6 +110,17 @@ class SimulatedCluster:
         return next((p for p in self.state.cluster.bound[i] if p.key == pod_key), None)
 
 
+def paced(pods: list[Pod], since: float, time_scale: float) -> list[tuple[float, Pod]]:
+    """When to announce the pods a tick found due: (wall seconds after the tick began, pod), earliest first. A pod
+    created inside the tick's simulated interval (from ``since``) is announced as far into the tick as it was
+    created (at ``time_scale`` simulated seconds per wall second), as a cluster would show it; one created
+    before (a retry, a re-announcement, a pod queued again) at once. Without this a tick's arrivals (2.5
+    simulated seconds of them, 15 pods on average at the default rate and up to 65) were published together
+    and queued behind one another at inference."""
+    scale = time_scale if time_scale > 0 else float("inf")
+    return sorted(((max(0.0, (p.creation_time - since) / scale), p) for p in pods), key=lambda x: x[0])
+
+
 def add_workload(state: dynamic.SimState, pods: list[Pod]) -> dynamic.SimState:
     """Add later arrivals to the simulator's workload, merged by creation time with the pods not arrived yet
     (a chunk's last pods may come a little after the next chunk's first); none may precede an arrived pod."""
