@@ -13,7 +13,8 @@ node with exponential backoff up to ``bind_attempts`` times, then the placement 
 pod queued again for a fresh decision; a 409 Conflict releases at once; 404 marks it gone. A pod
 with no feasible node stays pending (``unschedulable`` with kube-scheduler's reason) and is tried
 again after ``retry_s``. A ``Decision`` (source "batch") is published for each bound pod, each
-release and each new unschedulable reason.
+release and each new unschedulable reason, pipelined (``DecisionOutbox``: sent at once, every PubAck
+confirmed, a lost or refused one sent again with the same ``Nats-Msg-Id``, then counted).
 
 Hooked into the inference app with ``start_batch_mode(rt, settings)`` only.
 """
@@ -21,9 +22,11 @@ Hooked into the inference app with ``start_batch_mode(rt, settings)`` only.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from functools import partial
 from typing import Any
 
 from kubernetes import client
@@ -34,6 +37,7 @@ from prometheus_client import Counter, Gauge
 
 from agmarl_common.runtime import messages as m
 from agmarl_common.runtime import subjects
+from agmarl_common.runtime.bus import trace_headers
 from agmarl_common.core.cluster.model import ClusterState, pod_from_dict, state_from_dict
 from agmarl_common.core.cluster.view import ClusterView
 from agmarl_common.core.cluster.specs import AGMARL_BATCH_SCHEDULER
@@ -53,6 +57,8 @@ class BatchConfig:
     bind_backoff_s: float = 0.2  # wait before retry k: bind_backoff_s * 2**(k-1)
     bind_timeout_s: float = 5.0  # per Binding request
     retry_s: float = 2.0  # released / unschedulable pods wait this long before the next batch
+    publish_attempts: int = 3  # sends of a Decision (same Nats-Msg-Id) before it is counted unpublished
+    publish_timeout_s: float = 5.0  # a Decision's PubAck is awaited this long, then it is sent again
     assume_ttl_s: float = 30.0  # forget an assumed binding the snapshots never confirmed
     kubeconfig: str = ""  # empty = $KUBECONFIG, else in-cluster, else ~/.kube/config (agmarl_common.kube.client)
     kube_context: str = ""  # empty = the kubeconfig's current context
@@ -74,24 +80,133 @@ class BatchConfig:
         return cls(**out)
 
 
+BINDING_PATH = "/api/v1/namespaces/{namespace}/pods/{name}/binding"
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+_NAMES = {"namespace": (re.compile(_DNS_LABEL), 63),  # a namespace is a DNS-1123 label ...
+          "pod": (re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*"), 253),  # ... pod and node names subdomains
+          "node": (re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*"), 253)}
+
+
+class InvalidName(ValueError):
+    """A namespace, pod or node name Kubernetes would never accept: no Binding can bind it."""
+
+
+def check_name(what: str, value: object) -> str:
+    pattern, longest = _NAMES[what]
+    if not isinstance(value, str) or len(value) > longest or not pattern.fullmatch(value):
+        kind = "label" if what == "namespace" else "subdomain"
+        raise InvalidName(f"invalid {what} name {value!r} (not a DNS-1123 {kind})")
+    return value
+
+
 def create_binding(api: client.CoreV1Api, namespace: str, name: str, node: str, timeout: float) -> None:
-    """POST pods/{name}/binding; raises ApiException on a non-2xx answer. The raw response is
-    read rather than deserialized: the API answers a ``Status``, and this client's ``V1Binding``
-    deserialization then fails ("target" missing, the old ``ValueError: Invalid value for
-    `target```) although the pod was bound -- that error is treated as success if it appears."""
-    body = client.V1Binding(api_version="v1", kind="Binding",
-                            metadata=client.V1ObjectMeta(name=name, namespace=namespace),
-                            target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
+    """POST pods/{name}/binding; raises ApiException on a non-2xx answer, ``InvalidName`` (before any
+    request) for a name Kubernetes would refuse. The request is built and sent by the official client's
+    ``ApiClient`` (``param_serialize`` and ``call_api``: its host, auth, default headers, path quoting,
+    REST layer and timeouts) as ``create_namespaced_pod_binding`` does, minus its per-call pydantic
+    validation and ``V1Binding`` models: the body is a plain dict, the names are checked here. The raw
+    answer is read, not deserialized (the API answers a ``Status``, which is no ``V1Binding``)."""
+    body = {"apiVersion": "v1", "kind": "Binding",
+            "metadata": {"name": check_name("pod", name), "namespace": check_name("namespace", namespace)},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": check_name("node", node)}}
+    ac = api.api_client
+    request = ac.param_serialize("POST", BINDING_PATH, path_params={"namespace": namespace, "name": name},
+                                 header_params={"Accept": "application/json", "Content-Type": "application/json"},
+                                 body=body, auth_settings=["BearerToken"])
+    resp = ac.call_api(*request, _request_timeout=timeout)
     try:
-        resp = api.create_namespaced_pod_binding(name=name, namespace=namespace, body=body,
-                                                 _preload_content=False, _request_timeout=timeout)
         resp.read()
-        resp.release_conn()
-    except ApiException:
-        raise
-    except ValueError as exc:
-        if "target" not in str(exc):
-            raise
+    finally:
+        resp.response.release_conn()
+    if not 200 <= resp.status <= 299:
+        raise ApiException.from_response(http_resp=resp, body=None, data=None)
+
+
+@dataclass
+class Outgoing:
+    """One Decision on its way into the DECISIONS stream."""
+    subject: str
+    payload: bytes
+    headers: dict[str, str]  # trace context of its span, kind, Nats-Msg-Id (the decision id)
+    pod_key: str
+    decision_id: str
+    sends: int = 0
+
+
+class DecisionOutbox:
+    """The binder's Decisions on JetStream, pipelined: each is sent as soon as it is made
+    (``publish_async``, no wait for the previous one's PubAck) and every PubAck is confirmed here. One
+    refused, not acked within ``timeout`` s or not sent is sent again with the same ``Nats-Msg-Id``
+    (JetStream stores it once) after ``backoff * 2**(k-1)`` s, up to ``attempts`` sends; then it is
+    logged and counted ``decision_unpublished``. Only an acked Decision counts ``decision_published``."""
+
+    def __init__(self, rt: ServiceRuntime, results: Counter, attempts: int, timeout: float, backoff: float):
+        self.rt, self.results, self.attempts, self.timeout, self.backoff = rt, results, attempts, timeout, backoff
+        self.pending: dict[asyncio.Future, tuple[Outgoing, float]] = {}  # sent, PubAck not in yet -> deadline
+        self.resends: set[asyncio.Task] = set()  # waiting for their backoff
+        self._sweeper: asyncio.Task | None = None
+
+    async def send(self, out: Outgoing) -> None:
+        """Send ``out`` (returns once it is on the connection; the PubAck is confirmed in the background)."""
+        out.sends += 1
+        try:
+            # no wait_stall: past 4,000 unacked sends this waits for a slot (the sweeper frees overdue ones)
+            ack = await self.rt.bus.js.publish_async(out.subject, out.payload, headers=out.headers)
+        except Exception as exc:  # noqa: BLE001 - disconnected, too many unacked, ...: sent again or counted
+            self._failed(out, exc)
+            return
+        loop = asyncio.get_running_loop()
+        self.pending[ack] = (out, loop.time() + self.timeout)
+        ack.add_done_callback(partial(self._settle, out))
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = loop.create_task(self._sweep(), name="batch-decision-acks")
+
+    def _settle(self, out: Outgoing, ack: asyncio.Future) -> None:
+        self.pending.pop(ack, None)
+        exc = TimeoutError(f"no PubAck within {self.timeout}s") if ack.cancelled() else ack.exception()
+        if exc is not None:
+            self._failed(out, exc)
+            return
+        self.results.labels(result="decision_published").inc()
+        self.rt.metrics.on_published(out.subject)
+
+    def _failed(self, out: Outgoing, exc: BaseException) -> None:
+        if out.sends < self.attempts:
+            task = asyncio.get_running_loop().create_task(self._resend(out))
+            self.resends.add(task)
+            task.add_done_callback(self.resends.discard)
+            return
+        self.results.labels(result="decision_unpublished").inc()
+        self.rt.log.warning("decision %s for pod %s not published after %d sends: %s: %s", out.decision_id,
+                            out.pod_key, out.sends, type(exc).__name__, exc)
+
+    async def _resend(self, out: Outgoing) -> None:
+        await asyncio.sleep(self.backoff * 2 ** (out.sends - 1))
+        await self.send(out)
+
+    async def _sweep(self) -> None:
+        """Cancel the sends whose PubAck is overdue (``_settle`` then sends them again). ``pending`` is in
+        send order, so its first entry has the earliest deadline."""
+        loop = asyncio.get_running_loop()
+        while self.pending:
+            ack, (_, deadline) = next(iter(self.pending.items()))
+            if deadline > loop.time():
+                await asyncio.sleep(deadline - loop.time())
+                continue
+            ack.cancel()
+            self.pending.pop(ack, None)
+
+    async def drain(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` s) until every Decision sent so far is acked or counted unpublished."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while (self.pending or self.resends) and (left := deadline - loop.time()) > 0:
+            await asyncio.wait([*self.pending, *self.resends], timeout=left)
+
+    def close(self) -> None:
+        for task in [*self.resends, self._sweeper]:
+            if task is not None:
+                task.cancel()
 
 
 class BatchBinder:
@@ -107,11 +222,14 @@ class BatchBinder:
         self.wake = asyncio.Event()
         self.inflight: set[asyncio.Task] = set()
         self.batches = 0
+        self.loop_task: asyncio.Task | None = None  # run(), once start_batch_mode started it
         self._published_reason: dict[str, str] = {}
         reg = rt.registry
         self.results = Counter("agmarl_batch_bindings_total", "Batch binder outcomes", ["result"], registry=reg)
         self.ledger_gauge = Gauge("agmarl_batch_ledger_pods", "Pods in the batch ledger by status", ["status"],
                                   registry=reg)
+        self.outbox = DecisionOutbox(rt, self.results, cfg.publish_attempts, cfg.publish_timeout_s,
+                                     cfg.bind_backoff_s)
 
     # --- inputs ---------------------------------------------------------------------------------
 
@@ -162,7 +280,7 @@ class BatchBinder:
     async def run(self) -> None:
         """Forever: wait for due pods, let the window fill, decide the batch, start its bindings."""
         while True:
-            if self.state is not None and self.ledger.due(self.clock(), 1):
+            if self.state is not None and self.ledger.n_due(self.clock()):
                 await self._fill_window()
                 await self.run_batch()
                 continue
@@ -171,7 +289,7 @@ class BatchBinder:
     async def _fill_window(self) -> None:
         """Let the batch fill: until ``window_s`` passed or ``max_pods`` pods are due."""
         deadline = time.monotonic() + self.cfg.window_s
-        while len(self.ledger.due(self.clock(), self.cfg.max_pods)) < self.cfg.max_pods:
+        while self.ledger.n_due(self.clock()) < self.cfg.max_pods:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
@@ -183,8 +301,8 @@ class BatchBinder:
 
     async def _idle(self) -> None:
         """Nothing due: wait for new input, or until the earliest waiting pod is due."""
-        waits = [e.not_before for e in self.ledger.entries.values() if e.status in ("queued", "unschedulable")]
-        timeout = max(0.01, min(waits) - self.clock()) if waits and self.state is not None else None
+        due = self.ledger.next_due()
+        timeout = max(0.01, due - self.clock()) if due is not None and self.state is not None else None
         self.wake.clear()
         try:
             await asyncio.wait_for(self.wake.wait(), timeout=timeout)
@@ -224,6 +342,9 @@ class BatchBinder:
             while True:
                 try:
                     await asyncio.to_thread(create_binding, self.api, ns, name, pl.node, self.cfg.bind_timeout_s)
+                except InvalidName as exc:  # the API server would refuse it on every try
+                    self._give_up(key, "gone", str(exc))
+                    return
                 except ApiException as exc:
                     why = f"HTTP {exc.status} {exc.reason}".strip()
                     if exc.status == 404:
@@ -251,9 +372,10 @@ class BatchBinder:
             raise
 
     async def _bound(self, pl: Placement, policy: Policy, batch_id: str, size: int) -> None:
-        """The Binding was accepted: the pod is bound whatever happens next. A Decision that cannot be
-        published (JetStream slow or down) is logged and counted, never taken for a failed binding (that
-        retried a Binding the API had accepted, got 409 and released a bound pod)."""
+        """The Binding was accepted: the pod is bound whatever happens next. Its Decision is handed to the
+        outbox (sent again until acked, then counted); one that cannot be published (JetStream slow or
+        down) is logged and counted, never taken for a failed binding (that retried a Binding the API had
+        accepted, got 409 and released a bound pod)."""
         key = pl.pod.key
         self.ledger.bound(key)
         self.results.labels(result="bound").inc()
@@ -288,10 +410,8 @@ class BatchBinder:
         e = self.ledger.entries[pod.key]
         token = otel_context.attach(self.contexts.get(pod.key, otel_context.get_current()))
         try:
-            with self.rt.tracer.start_as_current_span("inference batch_decision") as span:
-                span.set_attribute("agmarl.pod", pod.key)
-                span.set_attribute("agmarl.node", node)
-                span.set_attribute("agmarl.batch", batch_id)
+            with self.rt.tracer.start_as_current_span("inference batch_decision", attributes={
+                    "agmarl.pod": pod.key, "agmarl.node": node, "agmarl.batch": batch_id}) as span:
                 sc = span.get_span_context()
                 decision = m.Decision(
                     decision_id=m.new_id(), cluster=self.cluster, namespace=pod.namespace, pod_key=pod.key,
@@ -302,17 +422,24 @@ class BatchBinder:
                                  "reason": reason or pl.reason},
                     trace_id=format(sc.trace_id, "032x") if sc.is_valid else "", seen_at=e.seen_at,
                     decided_at=self.clock(), source="batch")
-                await self.rt.publish(subjects.decision(self.cluster, pod.namespace), decision, js=True,
-                                      msg_id=decision.decision_id)
+                out = Outgoing(subjects.decision(self.cluster, pod.namespace), m.encode(decision),
+                               trace_headers(decision, None, decision.decision_id), pod.key, decision.decision_id)
         finally:
             otel_context.detach(token)
+        await self.outbox.send(out)
 
     async def stop(self) -> None:
-        """Cancel bindings in flight; their pods go back to the queue (never lost)."""
+        """Stop deciding, cancel bindings in flight (their pods go back to the queue: never lost), then wait
+        for the PubAcks of the Decisions already sent (at most ``publish_timeout_s``). Runs at the service's
+        shutdown (``rt.on_stop``); calling it again does nothing more."""
+        if self.loop_task is not None:
+            self.loop_task.cancel()
         for task in list(self.inflight):
             task.cancel()
         if self.inflight:
             await asyncio.wait(list(self.inflight), timeout=5.0)
+        await self.outbox.drain(self.cfg.publish_timeout_s)
+        self.outbox.close()
 
 
 def start_batch_mode(rt: ServiceRuntime, settings: Any, policy: Callable[[], Policy] | None = None,
@@ -329,5 +456,6 @@ def start_batch_mode(rt: ServiceRuntime, settings: Any, policy: Callable[[], Pol
     binder = BatchBinder(rt, cfg, settings.cluster, api, policy, view=view)
     rt.handle(subjects.pending(settings.cluster), m.PendingPod, queue="inference-batch")(binder.on_pending)
     rt.handle(subjects.snapshot(settings.cluster), m.ClusterSnapshot)(binder.on_snapshot)
-    rt.spawn(binder.run(), name="batch-binder")
+    binder.loop_task = rt.spawn(binder.run(), name="batch-binder")
+    rt.on_stop(binder.stop)
     return binder

@@ -17,6 +17,7 @@ a failed binding and the next batch. No I/O, no clocks: times come in as argumen
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -240,13 +241,25 @@ class Entry:
 
 
 class Ledger:
-    """Every pod given to the binder, in exactly one status (``STATUSES``)."""
+    """Every pod given to the binder, in exactly one status (``STATUSES``). The pods waiting for a batch
+    (queued or unschedulable) and the count per status are kept as the statuses move, so the binder's
+    per-message and per-batch questions (``due``, ``n_due``, ``counts``) never walk the bound pods."""
+
+    WAITING = ("queued", "unschedulable")
 
     def __init__(self, history: int = 20):
         self.entries: dict[str, Entry] = {}
         self._history = history
+        self._waiting: dict[str, Entry] = {}  # queued or unschedulable
+        self._counts = dict.fromkeys(STATUSES, 0)
 
     def _move(self, e: Entry, status: str, reason: str = "") -> None:
+        self._counts[e.status] -= 1
+        self._counts[status] += 1
+        if status in self.WAITING:
+            self._waiting[e.pod.key] = e
+        else:
+            self._waiting.pop(e.pod.key, None)
         e.status, e.reason = status, reason
         e.history.append(status if not reason else f"{status}: {reason}")
         del e.history[: -self._history]
@@ -256,22 +269,30 @@ class Ledger:
         announced pending again (binding lost, pod recreated) is queued again; binding ones keep going."""
         e = self.entries.get(pod.key)
         if e is None:
-            self.entries[pod.key] = e = Entry(pod, seen_at=seen_at)
+            self.entries[pod.key] = self._waiting[pod.key] = e = Entry(pod, seen_at=seen_at)
+            self._counts["queued"] += 1
             e.history.append("queued")
             return True
         if e.status in ("bound", "gone") and seen_at > e.seen_at:
             e.pod, e.seen_at, e.attempts, e.node = pod, seen_at, 0, ""
             self._move(e, "queued", "announced pending again")
             return True
-        if e.status in ("queued", "unschedulable"):
+        if e.status in self.WAITING:
             e.pod = pod
         return False
 
     def due(self, now: float, limit: int) -> list[Pod]:
         """Queued or unschedulable pods whose wait is over, oldest first, at most ``limit``."""
-        ready = [e for e in self.entries.values() if e.status in ("queued", "unschedulable") and e.not_before <= now]
-        ready.sort(key=lambda e: (e.seen_at, e.pod.key))
-        return [e.pod for e in ready[:limit]]
+        ready = [e for e in self._waiting.values() if e.not_before <= now]
+        return [e.pod for e in heapq.nsmallest(limit, ready, key=lambda e: (e.seen_at, e.pod.key))]
+
+    def n_due(self, now: float) -> int:
+        """How many pods ``due(now, ...)`` could give."""
+        return sum(1 for e in self._waiting.values() if e.not_before <= now)
+
+    def next_due(self) -> float | None:
+        """The earliest time a waiting pod is due (None: none waits)."""
+        return min((e.not_before for e in self._waiting.values()), default=None)
 
     def binding(self, key: str, node: str) -> None:
         e = self.entries[key]
@@ -305,10 +326,7 @@ class Ledger:
         self._move(self.entries[key], "gone", reason)
 
     def counts(self) -> dict[str, int]:
-        out = dict.fromkeys(STATUSES, 0)
-        for e in self.entries.values():
-            out[e.status] += 1
-        return out
+        return dict(self._counts)
 
     def with_status(self, status: str) -> list[str]:
         return sorted(k for k, e in self.entries.items() if e.status == status)

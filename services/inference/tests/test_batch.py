@@ -20,7 +20,7 @@ from agmarl_common.core.cluster.specs import AGMARL_BATCH_SCHEDULER, AGMARL_SCHE
 from agmarl_common.core.policies.registry import get_policy
 from agmarl_common.runtime.service import ServiceRuntime
 from agmarl_testing.k8s_api import StandInApiServer, node_json, pod_json
-from agmarl_inference.batch import BatchConfig, create_binding, start_batch_mode
+from agmarl_inference.batch import BatchConfig, InvalidName, create_binding, start_batch_mode
 from agmarl_inference.batchcore import Ledger, batch_order, decide_batch
 from agmarl_inference.settings import InferenceSettings
 
@@ -305,6 +305,105 @@ async def test_unpublished_decision_does_not_unbind_a_bound_pod(harness):
     assert harness.binder.results.labels(result="decision_unpublished")._value.get() == 1
 
 
+def published(binder, result: str = "decision_published") -> int:
+    return int(binder.results.labels(result=result)._value.get())
+
+
+async def stored_decisions(harness) -> int:
+    """Messages the DECISIONS stream holds on this cluster's decision subject (the default namespace)."""
+    subject = subjects.decision(harness.cluster, "default")
+    info = await harness.bus.js.stream_info(subjects.DECISIONS.name, subjects_filter=subject)
+    return (info.state.subjects or {}).get(subject, 0)
+
+
+class JetStreamDouble:
+    """Wraps the binder's ``publish_async``: ``lose`` sends go out but their PubAck never reaches the binder;
+    ``refuse`` sends are answered with an error without being sent. Records every send's Nats-Msg-Id."""
+
+    def __init__(self, js, lose: int = 0, refuse: int = 0):
+        self.js, self.lose, self.refuse, self.sent = js, lose, refuse, []
+
+    def __getattr__(self, name):  # everything else: the real JetStream context
+        return getattr(self.js, name)
+
+    async def publish_async(self, subject, payload, **kw):
+        self.sent.append(kw["headers"]["Nats-Msg-Id"])
+        if self.refuse:
+            self.refuse -= 1
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_exception(RuntimeError("nats: stream refused the message"))
+            return fut
+        ack = await self.js.publish_async(subject, payload, **kw)
+        if self.lose:
+            self.lose -= 1
+            return asyncio.get_running_loop().create_future()  # the real one is acked; this one never is
+        return ack
+
+
+async def offer_through(harness, name: str, **double):
+    """The binder publishing through a ``JetStreamDouble(**double)`` (PubAcks awaited 0.3 s), then one pod offered."""
+    binder = harness.binder
+    binder.rt.bus.js = JetStreamDouble(binder.rt.bus.js, **double)
+    binder.outbox.timeout = 0.3
+    p = pod(name, 1000)
+    await harness.snapshot([p])
+    await harness.offer([p])
+    return binder, binder.rt.bus.js
+
+
+async def test_every_decision_of_a_batch_is_published_and_acked(harness):
+    pods = [pod("a1", 3000), pod("a2", 3000), pod("a3", 3000), pod("a4", 9000)]  # a4 fits nowhere
+    await harness.snapshot(pods)
+    await harness.offer(pods)
+    binder = harness.binder
+    assert await until(lambda: binder.ledger.counts()["bound"] == 3 and published(binder) == 4)
+    assert not binder.outbox.pending and not binder.outbox.resends
+    assert published(binder, "decision_unpublished") == 0
+    assert await stored_decisions(harness) == 4  # each acked Decision is in the stream
+    assert len({d.explanation["batch_id"] for d in harness.decisions}) == 1
+
+
+async def test_decision_whose_puback_is_lost_is_sent_again_and_stored_once(harness):
+    binder, double = await offer_through(harness, "lost-ack", lose=1)
+    assert await until(lambda: published(binder) == 1)
+    assert len(double.sent) == 2 and double.sent[0] == double.sent[1]  # the same Nats-Msg-Id, sent twice
+    assert published(binder, "decision_unpublished") == 0
+    assert await stored_decisions(harness) == 1  # JetStream kept one copy
+    assert binder.ledger.entries["default/lost-ack"].status == "bound"
+
+
+async def test_stop_waits_for_the_acks_of_decisions_already_sent(harness):
+    binder, double = await offer_through(harness, "stopping", lose=1)
+    led = binder.ledger
+    assert await until(lambda: "default/stopping" in led.entries and led.entries["default/stopping"].status == "bound")
+    assert published(binder) == 0 and len(double.sent) == 1  # sent, its PubAck lost
+    await binder.stop()  # what the service's shutdown runs (rt.on_stop)
+    assert published(binder) == 1 and len(double.sent) == 2
+    assert not binder.outbox.pending and not binder.outbox.resends
+
+
+async def test_decision_refused_on_every_send_is_counted_and_the_pod_stays_bound(harness, caplog):
+    binder, double = await offer_through(harness, "refused", refuse=3)
+    assert await until(lambda: published(binder, "decision_unpublished") == 1)
+    assert len(double.sent) == 3 == binder.cfg.publish_attempts and len(set(double.sent)) == 1
+    assert published(binder) == 0
+    assert binder.ledger.entries["default/refused"].status == "bound"
+    assert bound_nodes(harness.standin) == {"default/refused": "a"}
+    assert any("not published after 3 sends" in r.getMessage() for r in caplog.records)
+    assert await stored_decisions(harness) == 0
+
+
+async def test_pod_with_a_name_kubernetes_refuses_is_gone_without_a_request(harness):
+    bad = pod("Bad_Name", 1000)
+    await harness.snapshot([bad])
+    await harness.bus.publish(subjects.pending(harness.cluster), m.PendingPod(
+        cluster=harness.cluster, pod=to_dict(bad), seen_at=time.time(), seq=1))
+    led = harness.binder.ledger
+    assert await until(lambda: "default/Bad_Name" in led.entries and led.entries["default/Bad_Name"].status == "gone")
+    assert "invalid pod name" in led.entries["default/Bad_Name"].reason
+    assert not [r for r in harness.standin.requests if r.method == "POST"]
+
+
 def test_create_binding_reads_the_status_answer_and_raises_on_errors():
     with StandInApiServer() as standin:
         standin.add_node(node_json("a"))
@@ -318,3 +417,9 @@ def test_create_binding_reads_the_status_answer_and_raises_on_errors():
         with pytest.raises(client.exceptions.ApiException) as missing:
             create_binding(api, "default", "nope", "a", 2.0)
         assert missing.value.status == 404
+        posts = len([r for r in standin.requests if r.method == "POST"])
+        for namespace, name, node in (("Default", "p", "a"), ("default", "p/../x", "a"), ("default", "p", "a b"),
+                                      ("default", "-p", "a"), ("default", "p" * 254, "a"), ("n" * 64, "p", "a")):
+            with pytest.raises(InvalidName):
+                create_binding(api, namespace, name, node, 2.0)
+        assert len([r for r in standin.requests if r.method == "POST"]) == posts  # refused before any request
