@@ -9,10 +9,16 @@ latency = arrival on the stream consumer - the PendingPod's ``seen_at`` (set whe
 publishes it), so it includes inference's decision, the JetStream publish and its acknowledgement, and
 the delivery back. Prints p50 / p90 / p99 / max over the measured decisions (after ``--warmup``),
 inference's own share (``decided_at - seen_at``), the inference process's CPU time per measured decision
-(user + system, from /proc: the figure that moves least with other jobs on a shared machine) and the
-1-minute load average at the start and the end.
+(user + system, from /proc: the figure that moves least with other jobs on a shared machine; of it, its
+event-loop thread's, the rest being the span exporter's and the metrics server's threads), the CPU per
+measured decision of the path's other processes (state-collector, graph-builder, nats-server, this
+benchmark: they share the cores with inference) and the 1-minute load average at the start and the end.
 
     nice .venv/bin/python benchmarks/live_latency.py --nodes openb:all --rate 100 --pods 3000 --policy model:default
+
+``--profile FILE``: py-spy (in the venv) samples the inference process over the measured decisions, to FILE.
+py-spy samples threads that are running or runnable (wall clock), not CPU time: on a loaded machine a
+syscall that wakes another process (the socket write to nats-server) looks far more expensive than it is.
 """
 
 from __future__ import annotations
@@ -41,10 +47,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SERVICES = ("graph-builder", "inference", "state-collector")
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc; nan elsewhere)."""
+def cpu_seconds(pid: int, tid: int | None = None) -> float:
+    """User + system CPU time of a process (or of its thread ``tid``) so far (Linux /proc; nan elsewhere)."""
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = Path(path).read_text().rsplit(")", 1)[1].split()
     except OSError:
         return float("nan")
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -80,15 +87,32 @@ async def run(args: argparse.Namespace) -> dict:
         got: list[tuple[float, m.Decision]] = []
         done = asyncio.Event()
         cpu = {}  # inference's CPU seconds when the measured decisions start and end
+        profiler: list[subprocess.Popen] = []
         load_start = os.getloadavg()[0]
+
+        def others_cpu() -> dict[str, float]:
+            """CPU so far of the other processes of the path (they share the cores with inference)."""
+            pids = {s: p.pid for s, p in procs.items() if s != "inference"}
+            pids.update({"nats-server": ns.pid, "benchmark": os.getpid()})
+            return {s: cpu_seconds(pid) for s, pid in pids.items() if pid}
 
         async def on_decision(msg) -> None:
             at = time.time()
             got.append((at, m.decode(m.Decision, msg.data)))
             if len(got) == args.warmup:
-                cpu["start"] = cpu_seconds(procs["inference"].pid)
+                pid = procs["inference"].pid
+                cpu["start"], cpu["loop_start"] = cpu_seconds(pid), cpu_seconds(pid, pid)
+                cpu["others_start"] = others_cpu()
+                if args.profile:  # py-spy over the measured decisions (it samples from outside the process)
+                    profiler.append(subprocess.Popen(
+                        [str(Path(sys.executable).parent / "py-spy"), "record", "-p", str(procs["inference"].pid),
+                         "-o", args.profile, "-f", "speedscope" if args.profile.endswith(".json") else "raw",
+                         "-r", "200", "-d", str(int(args.pods / args.rate) + 1), "--nonblocking"],
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             if len(got) >= args.warmup + args.pods and not done.is_set():
-                cpu["end"] = cpu_seconds(procs["inference"].pid)
+                pid = procs["inference"].pid
+                cpu["end"], cpu["loop_end"] = cpu_seconds(pid), cpu_seconds(pid, pid)
+                cpu["others_end"] = others_cpu()
                 done.set()
 
         js = bus.nc.jetstream()
@@ -113,7 +137,14 @@ async def run(args: argparse.Namespace) -> dict:
                "inference_ms": {"p50": pct(own, 50), "p99": pct(own, 99)},
                "inference_cpu_ms_per_decision": 1000 * (cpu["end"] - cpu["start"]) / len(measured)
                if "end" in cpu and "start" in cpu and measured else float("nan"),
+               "inference_loop_cpu_ms_per_decision": 1000 * (cpu["loop_end"] - cpu["loop_start"]) / len(measured)
+               if "end" in cpu and "start" in cpu and measured else float("nan"),
+               "others_cpu_ms_per_decision": {
+                   s: 1000 * (cpu["others_end"][s] - t) / len(measured) for s, t in cpu["others_start"].items()
+                   if s in cpu["others_end"]} if "others_end" in cpu and measured else {},
                "load_avg_1m": {"start": load_start, "end": os.getloadavg()[0]}}
+        for p in profiler:
+            p.wait(timeout=limit)
         return out
     finally:
         if bus is not None:
@@ -141,6 +172,9 @@ def main() -> int:
     ap.add_argument("--explain", action="store_true", help="add the model's explanation to each decision")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--profile", default=None,
+                    help="py-spy the inference process over the measured decisions into this file (collapsed "
+                         "stacks, or speedscope when it ends in .json); its sampling adds to inference's CPU")
     args = ap.parse_args()
     out = asyncio.run(run(args))
     lat, own = out["latency_ms"], out["inference_ms"]
@@ -148,7 +182,10 @@ def main() -> int:
           f"({out['objective']}): {out['decisions']} decisions at {out['achieved_rate']:.1f}/s: "
           f"p50 {lat['p50']:.2f} ms, p90 {lat['p90']:.2f} ms, p99 {lat['p99']:.2f} ms, max {lat['max']:.1f} ms "
           f"(inference's own: p50 {own['p50']:.2f}, p99 {own['p99']:.2f} ms); inference CPU "
-          f"{out['inference_cpu_ms_per_decision']:.2f} ms per decision; load {out['load_avg_1m']['start']:.2f} -> "
+          f"{out['inference_cpu_ms_per_decision']:.2f} ms per decision (event-loop thread "
+          f"{out['inference_loop_cpu_ms_per_decision']:.2f}; the others: "
+          + ", ".join(f"{s} {v:.2f}" for s, v in out["others_cpu_ms_per_decision"].items())
+          + f"); load {out['load_avg_1m']['start']:.2f} -> "
           f"{out['load_avg_1m']['end']:.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))

@@ -15,7 +15,7 @@ from agmarl_common.runtime import subjects
 from agmarl_common.runtime.bus import Bus, RequestError
 from agmarl_common.runtime.messages import (
     MAX_MESSAGE_BYTES, ClusterEvent, DeadLetter, Decision, HealthStatus, PendingPod, decode, encode)
-from agmarl_common.runtime.metrics import sample
+from agmarl_common.runtime.metrics import Children, MiddlewareMetrics, new_registry, sample
 from agmarl_common.runtime.service import HandlerContext, ServiceRuntime
 from agmarl_common.runtime.settings import CommonSettings
 from agmarl_common.runtime.telemetry import extract, read_spans, setup_tracing, shutdown_tracing
@@ -108,7 +108,7 @@ async def test_bad_messages_are_rejected_counted_dead_lettered_and_service_survi
     assert await _until(lambda: len(seen) == 3)
 
 
-async def test_handler_exception_is_dead_lettered_and_not_fatal(harness):
+async def test_handler_exception_is_dead_lettered_and_not_fatal(harness, tmp_path):
     rt, client, seen, letters, cluster = harness
     await client.publish(subjects.pending(cluster), _pending("boom", cluster))
     assert await _until(lambda: len(letters) == 1)
@@ -117,6 +117,9 @@ async def test_handler_exception_is_dead_lettered_and_not_fatal(harness):
                   {"service": rt.name, "subject": "agmarl.v1.pending.*"}) == 1
     await client.publish(subjects.pending(cluster), _pending("after", cluster))
     assert await _until(lambda: len(seen) == 1)
+    rt.tracer_provider.force_flush()  # the failed handler's span: ended, its status the error
+    failed = [s for s in read_spans(tmp_path) if s["name"] == f"{rt.name} pending_pod" and s["status"] == "ERROR"]
+    assert len(failed) == 1 and failed[0]["status_description"] == "RuntimeError: handler exploded"
 
 
 async def test_trace_continues_through_the_handler(harness, tmp_path):
@@ -141,6 +144,14 @@ async def test_trace_continues_through_the_handler(harness, tmp_path):
     rt.tracer_provider.force_flush()
     spans = [s for s in read_spans(tmp_path) if s["trace_id"] == trace_id]
     assert {s["name"] for s in spans} == {"produce pending", f"{rt.name} pending_pod"}
+    by_name = {s["name"]: s for s in spans}
+    handler, produced = by_name[f"{rt.name} pending_pod"], by_name["produce pending"]
+    assert handler["parent_span_id"] == produced["span_id"] and handler["kind"] == "CONSUMER"
+    assert handler["end_ns"] >= handler["start_ns"] and handler["status"] == "UNSET"
+    attributes = handler["attributes"]
+    assert (attributes["messaging.system"], attributes["messaging.destination.name"], attributes["agmarl.kind"]) \
+        == ("nats", subjects.pending(cluster), "pending_pod")
+    assert attributes["messaging.message.body.size"] > 0
 
 
 async def test_health_request_reply_and_metrics_endpoint(harness):
@@ -308,3 +319,25 @@ async def test_a_backlog_on_one_subscription_does_not_starve_health_probes(nats_
             assert await _until(lambda: len(handled) == total, timeout=30.0)  # and the backlog is all handled
         finally:
             await client.close()
+
+
+def test_metric_children_are_the_families_own_and_a_full_cache_still_counts():
+    """``Children`` (a labelled family's children looked up once) counts into the family itself, and past its
+    limit forgets what it holds instead of growing, still counting; the middleware's subject labels likewise."""
+    registry = new_registry(process_metrics=False)
+    metrics = MiddlewareMetrics(registry, "svc")
+    kids = Children(metrics.received, limit=2)
+    for k in range(5):  # five subjects through a cache of two
+        kids("svc", f"s{k}").inc()
+        kids("svc", "s0").inc()
+    assert sample(registry, "agmarl_messages_received_total", {"service": "svc", "subject": "s0"}) == 6
+    assert all(sample(registry, "agmarl_messages_received_total", {"service": "svc", "subject": f"s{k}"}) == 1
+               for k in range(1, 5))
+    assert len(kids._kids) <= 2
+    for inbox in (f"_INBOX.{k}" for k in range(3000)):  # one subject per request: bounded, one label
+        metrics.on_published(inbox)
+    metrics.on_published("agmarl.v1.decision.c1.ns")
+    assert sample(registry, "agmarl_messages_published_total", {"service": "svc", "subject": "_INBOX.>"}) == 3000
+    assert sample(registry, "agmarl_messages_published_total",
+                  {"service": "svc", "subject": "agmarl.v1.decision.*.*"}) == 1
+    assert len(metrics._labels) <= 1024

@@ -19,6 +19,7 @@ from agmarl_common.kube.convert import parse_label_selector
 from agmarl_common.core.policies.base import brief
 from agmarl_common.core.policies.registry import get_policy
 from agmarl_common.core.sim import catalog
+from agmarl_common.runtime.metrics import Children
 from agmarl_common.runtime.service import HandlerContext, ServiceRuntime
 from agmarl_common.runtime.settings import load_settings
 from agmarl_inference.batch import start_batch_mode
@@ -77,6 +78,8 @@ class InferenceApp:
                                  buckets=LATENCY_BUCKETS, registry=reg)
         self.active = Gauge("agmarl_active_policy_info", "Active policy (value 1)",
                             ["policy", "model_version", "mode"], registry=reg)
+        # the loop's per-decision counters: each label combination's child looked up once
+        self._decided, self._attempted = Children(self.decisions), Children(self.attempts)
         self._set_active_gauge()
 
     def _set_active_gauge(self) -> None:
@@ -181,11 +184,9 @@ class InferenceApp:
         self.seq += 1
         result = "scheduled" if choice.node else "unschedulable"
         span = ctx.span
-        span.set_attribute("agmarl.pod", pod.key)
-        span.set_attribute("agmarl.node", choice.node)
-        span.set_attribute("agmarl.policy", policy.name)
-        span.set_attribute("agmarl.view_version", self.view.seq)
-        trace_id = format(span.get_span_context().trace_id, "032x") if span.get_span_context().is_valid else ""
+        span.set_attributes({"agmarl.pod": pod.key, "agmarl.node": choice.node, "agmarl.policy": policy.name,
+                             "agmarl.view_version": self.view.seq})
+        trace_id = ctx.trace_id
         decision = m.Decision(
             decision_id=uuid.uuid4().hex, cluster=msg.cluster, namespace=pod.namespace, pod_key=pod.key,
             node=choice.node, gpus=list(choice.gpus), policy=policy.name, model_version=version,
@@ -203,25 +204,33 @@ class InferenceApp:
         self.latency.observe(max(0.0, decided_at - msg.seen_at))
 
     async def on_graph(self, msg: m.GraphUpdate, ctx: HandlerContext) -> None:
+        before = self.view.state
         await self.replica.on_update(msg, ctx)
-        self.view_changed.set()
+        if self.view.state is not before:  # not the bind of a decision assumed as it was bound
+            self.view_changed.set()
 
     async def prepare_loop(self) -> None:
         """After each change of the view (a decision assumed, a graph update), once the loop has sent what
         the change published: the active policy's ``prepare`` (e.g. the learned policy's node features, node
         embeddings and actor tables), the work of a cluster change done once between pods instead of at the
         start of the next pod's decision. Decisions are the same; ``prepare`` is optional."""
+        done: tuple[object, object] = (None, None)  # (policy, state) last prepared: states are immutable
         while True:
             await self.view_changed.wait()
             self.view_changed.clear()
             for _ in range(PREPARE_YIELDS):
                 await asyncio.sleep(0)
-            prepare = getattr(self.policy, "prepare", None)
-            if callable(prepare) and self.view.warm:
-                try:
-                    prepare(self.view.state)
-                except Exception:  # noqa: BLE001 - an optimisation: the next decision does the work itself
-                    self.rt.log.exception("policy %s: prepare failed", self.policy.name)
+            policy, state = self.policy, self.view.state
+            prepare = getattr(policy, "prepare", None)
+            # a graph update that only confirms an assumed decision leaves the view's state as it was: no
+            # second pass over the same state (its caches would find nothing changed, at ~0.1 ms a pod)
+            if not callable(prepare) or state is None or (policy is done[0] and state is done[1]):
+                continue
+            try:
+                prepare(state)
+            except Exception:  # noqa: BLE001 - an optimisation: the next decision does the work itself
+                self.rt.log.exception("policy %s: prepare failed", policy.name)
+            done = (policy, state)
 
     async def _publish(self, ctx: HandlerContext, decision: m.Decision, pod, policy: str, result: str) -> None:
         """Publish one decision to the DECISIONS stream and wait for its acknowledgement. A decision JetStream
@@ -238,8 +247,8 @@ class InferenceApp:
             if decision.node and self.view.is_assumed(pod.key):
                 self.view.forget(pod.key, decision.node)
             return
-        self.decisions.labels(policy=policy, mode=decision.mode, source="loop", result=result).inc()
-        self.attempts.labels(result=result, profile="agmarl").inc()
+        self._decided(policy, decision.mode, "loop", result).inc()
+        self._attempted(result, "agmarl").inc()
 
     async def flush_decisions(self, timeout: float = FLUSH_WAIT_S) -> None:
         """Wait (at shutdown) for the decisions still waiting for their acknowledgement."""

@@ -12,7 +12,7 @@ from agmarl_common.runtime import subjects
 from agmarl_common.runtime.bus import Bus
 from agmarl_common.runtime.natsserver import NatsServer
 from agmarl_common.runtime.service import HandlerContext, ServiceRuntime
-from agmarl_inference.app import InferenceApp
+from agmarl_inference.app import PREPARE_YIELDS, InferenceApp
 from agmarl_inference.settings import InferenceSettings
 
 DEADLINE_S = 10.0
@@ -118,4 +118,42 @@ async def test_the_policy_prepares_for_the_next_pod_after_the_decision_went_out(
         assert len(calls) == 2
     finally:
         loop.cancel()
+        await rt.shutdown()
+
+
+async def test_a_graph_update_that_leaves_the_view_as_it_was_is_not_prepared_again(nats_url, tmp_path):
+    """The bind of a decision the view already assumed (the usual graph update after each decision) leaves the
+    view's state as it was: ``prepare_loop`` does not pass the policy the same state twice; an update that
+    changes the state (another replica's pod bound) is prepared."""
+    from agmarl_common.core.cluster import changes as ch
+
+    app, rt, cluster = await started_app(nats_url, tmp_path)
+    prepared: list[object] = []
+    app.policy.prepare = prepared.append
+    loop = asyncio.get_running_loop().create_task(app.prepare_loop())
+
+    def update(version: int, pod: Pod, node: str) -> m.GraphUpdate:
+        return m.GraphUpdate(cluster=cluster, epoch="e1", version=version, full=False,
+                             changes=[ch.bound_change(pod, node, ())], time=time.time())
+
+    try:
+        await rt.bus.ensure_streams()
+        await app.on_pending(pending(cluster, 0), context(rt))
+        assert await until(lambda: len(prepared) == 1)
+        assert prepared[0] is app.view.state
+        node = app.view.node_of("default/p0")
+        await app.on_graph(update(2, Pod("p0", 100, 100), node), context(rt))  # the assumed decision, bound
+        assert not app.view.is_assumed("default/p0") and app.view.state is prepared[0]
+        assert await until(lambda: not app.view_changed.is_set())  # the loop took the change ...
+        for _ in range(PREPARE_YIELDS + 2):  # ... and had its turns to prepare it
+            await asyncio.sleep(0)
+        assert len(prepared) == 1
+        await app.on_graph(update(3, Pod("other", 300, 300), "n3"), context(rt))  # a change: prepared
+        assert await until(lambda: len(prepared) == 2)
+        assert prepared[1] is app.view.state and float(prepared[1].cpu_used.sum()) == 400
+        await app.on_pending(pending(cluster, 1), context(rt))
+        assert await until(lambda: len(prepared) == 3) and prepared[2] is app.view.state
+    finally:
+        loop.cancel()
+        await app.flush_decisions()
         await rt.shutdown()

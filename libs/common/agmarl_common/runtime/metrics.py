@@ -15,6 +15,7 @@ from agmarl_common.runtime.subjects import subject_label
 _SERVERS: dict[int, tuple[WSGIServer, threading.Thread]] = {}
 _LOCK = threading.Lock()
 
+CHILDREN_LIMIT = 1024  # label values remembered per family (Children) and subjects per label cache
 HANDLING_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
@@ -80,6 +81,25 @@ def stop_metrics_server(port: int, timeout: float = 2.0) -> None:
     thread.join(timeout)
 
 
+class Children:
+    """A labelled family's children by label values, each looked up once: ``labels()`` checks the values
+    and takes the family's lock on every call, a few microseconds per message on a hot path. Only for
+    families never ``clear()``-ed or ``remove()``-d (a child removed from its family would count unseen)."""
+
+    def __init__(self, family: Counter | Histogram, limit: int = CHILDREN_LIMIT):
+        self.family = family
+        self.limit = limit
+        self._kids: dict[tuple[str, ...], object] = {}
+
+    def __call__(self, *values: str):
+        kid = self._kids.get(values)
+        if kid is None:
+            if len(self._kids) >= self.limit:  # many distinct values (reply inboxes): forget, look up again
+                self._kids.clear()
+            kid = self._kids[values] = self.family.labels(*values)
+        return kid
+
+
 class MiddlewareMetrics:
     """The families every ServiceRuntime maintains; ``subject`` labels are collapsed."""
 
@@ -97,15 +117,28 @@ class MiddlewareMetrics:
                                   ["service", "subject"], buckets=HANDLING_BUCKETS, registry=registry)
         self.dead_letters = Counter("agmarl_dead_letters", "Dead letters published",
                                     ["service"], registry=registry)
+        # per message: the children of a subject (its collapsed label computed once)
+        self._received, self._published, self._duration = (Children(f) for f in (self.received, self.published,
+                                                                                  self.duration))
+        self._labels: dict[str, str] = {}
+
+    def label(self, subject: str) -> str:
+        """``subject_label(subject)``, remembered (bounded: reply inboxes are one subject per request)."""
+        value = self._labels.get(subject)
+        if value is None:
+            if len(self._labels) >= CHILDREN_LIMIT:
+                self._labels.clear()
+            value = self._labels[subject] = subject_label(subject)
+        return value
 
     def on_received(self, subject: str) -> None:
-        self.received.labels(self.service, subject_label(subject)).inc()
+        self._received(self.service, self.label(subject)).inc()
 
     def on_rejected(self, subject: str, reason: str) -> None:
         self.rejected.labels(self.service, subject_label(subject), reason).inc()
 
     def on_published(self, subject: str) -> None:
-        self.published.labels(self.service, subject_label(subject)).inc()
+        self._published(self.service, self.label(subject)).inc()
 
     def on_handler_error(self, subject: str) -> None:
         self.handler_errors.labels(self.service, subject_label(subject)).inc()
@@ -114,7 +147,7 @@ class MiddlewareMetrics:
         self.dead_letters.labels(self.service).inc()
 
     def observe(self, subject: str, seconds: float) -> None:
-        self.duration.labels(self.service, subject_label(subject)).observe(seconds)
+        self._duration(self.service, self.label(subject)).observe(seconds)
 
 
 def sample(registry: CollectorRegistry, name: str, labels: dict[str, str] | None = None) -> float:
