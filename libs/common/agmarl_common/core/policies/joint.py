@@ -29,7 +29,9 @@ Cost: ``orders`` x (group + lookahead) pod placements; 8 orders of a 128-pod gro
 lookahead on 40 nodes: ~0.5-1 s of CPU with FGD. Pure: randomness from ``seed``, no I/O, no clock.
 
 ``SwitchPlacer`` runs that choice only in a group that overflows (the cluster cannot take all of it) and
-places every other group whole, so it never leaves a pod out while everything pending fits.
+places every other group whole, so it never leaves a pod out while everything pending fits; with ``exact``
+(``knapsack:fgd``) the overflowing group's candidates include the exact knapsack (``policies.packing``, one
+MIP: the most GPU milli of the group the cluster can take as it is).
 
 ``ScenarioPlacer`` (its docstring) answers the question the order search cannot: on the batch-arrival
 protocol the idle GPU left at the end is mostly 190-milli slivers beside 810-milli shares, and no order
@@ -48,6 +50,7 @@ import numpy as np
 from agmarl_common.core.cluster.filters import feasible_mask, filter_node
 from agmarl_common.core.cluster.model import GPU_MILLI, ClusterState, Pod, bind
 from agmarl_common.core.policies.base import Policy, brief, gpu_free_row
+from agmarl_common.core.policies.packing import pack_group
 from agmarl_common.core.sim.batches import Bind, place_in_order
 from agmarl_common.core.sim.fragmentation import TargetWorkload, state_frag, target_workload
 
@@ -312,6 +315,12 @@ class SwitchPlacer:
     less GPU milli of the group than the sequential placement. ``hold_factor`` > 0 also holds back (scenario
     placement as ``ScenarioPlacer``) where the group asks more than ``hold_factor`` x the free GPU milli: that
     breaks the rule above and loses where no more demand comes (docs/evaluation.md); off by default.
+    ``exact`` (the ``knapsack:`` placer) adds to an overflowing group's candidates the placement that
+    provably (or within 0.1 %) places the most GPU milli of the group on the cluster as it is: the knapsack
+    of ``packing.pack_group``, one MIP; since the candidate placing the most GPU milli wins, it never places
+    less of the group than the other candidates. ``pack_fitting`` (off; it lost to FGD, docs/evaluation.md)
+    places a group that fits by ``pack_group`` with every pod mandatory (fewest wholly free devices opened
+    for shares, CPU kept beside the whole GPUs left), kept only if every pod is placed.
     Pure: randomness from ``seed``; every bind passes the hard filter by construction.
     """
 
@@ -319,19 +328,22 @@ class SwitchPlacer:
                  orders: int = DEFAULT_ORDERS, lookahead: int = DEFAULT_LOOKAHEAD, plans: int = DEFAULT_PLANS,
                  evals: int = DEFAULT_EVALS, plan_fill: float = DEFAULT_PLAN_FILL,
                  eval_fill: float = DEFAULT_EVAL_FILL, search: bool = False, overflow_search: bool = True,
-                 overflow_weight: float = 0.0):
-        self.policy = policy
+                 overflow_weight: float = 0.0, exact: bool = False, pack_fitting: bool = False):
+        self.policy, self.exact, self.pack_fitting = policy, exact, pack_fitting
+        self.cpu_per_gpu = 0.0  # CPU milli per GPU of the briefed workload's GPU pods (``pack_fitting``)
         self.overflow_weight, self.overflow_search = overflow_weight, overflow_search
         self.hold_factor, self.search = hold_factor, search
         self.joint = JointPlacer(policy, orders=orders, seed=seed, lookahead=lookahead)
         self.scenario = ScenarioPlacer(policy, seed=seed + 1, plans=plans, evals=evals, plan_fill=plan_fill,
                                        eval_fill=eval_fill)
         self.held_groups = 0  # groups placed by choosing which pods to place (overflowing, or over hold_factor)
-        self.name = f"switch:{policy.name}"
+        self.name = f"{'knapsack' if exact else 'switch'}:{policy.name}"
 
     def observe_workload(self, pods: Sequence[Pod]) -> None:
         self.joint.observe_workload(pods)
         self.scenario.observe_workload(pods)
+        gpus = sum(p.gpu_milli_total for p in pods) / GPU_MILLI
+        self.cpu_per_gpu = sum(p.cpu_milli for p in pods if p.num_gpu) / gpus if gpus else 0.0
 
     def set_objective(self, name: str) -> None:
         brief(self.policy, None, name)
@@ -341,9 +353,12 @@ class SwitchPlacer:
             # overflow: the group alone asks more than the cluster takes; place the most GPU milli of it
             self.held_groups += 1
             sc = self.scenario
+            extra = [self.joint.place_group(group, state, rank)] if self.overflow_search else []
+            if self.exact:
+                packed = pack_group(group, state, mandatory=[False] * len(group))
+                extra += [list(packed.binds)] if packed is not None else []
             return place_jointly(self.policy, group, state, rank, sc.pool, sc.rng, sc.plans, sc.evals, sc.plan_fill,
-                                 sc.eval_fill, ahead_weight=self.overflow_weight,
-                                 extra=[self.joint.place_group(group, state, rank)] if self.overflow_search else ())
+                                 sc.eval_fill, ahead_weight=self.overflow_weight, extra=extra)
         if self.hold_factor > 0 and sum(p.gpu_milli_total for p in group) > self.hold_factor * float(
                 state.gpu_free().sum()):
             self.held_groups += 1
@@ -352,4 +367,11 @@ class SwitchPlacer:
             binds = self.joint.place_group(group, state, rank)
             if len(binds) == len(group):
                 return binds
-        return place_in_order(self.policy, group, range(len(group)), state, rank)[0]
+        sequential = place_in_order(self.policy, group, range(len(group)), state, rank)[0]
+        if self.pack_fitting and len(sequential) == len(group) and self.cpu_per_gpu > 0:
+            packed = pack_group(group, state, open_cost=1.0, cpu_per_gpu=self.cpu_per_gpu,
+                                short_cost=1.0 / self.cpu_per_gpu)
+            binds = commit(group, list(packed.binds), state)[0] if packed is not None else []
+            if len(binds) == len(group):
+                return binds
+        return sequential

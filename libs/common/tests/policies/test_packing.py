@@ -1,0 +1,133 @@
+import numpy as np
+import pytest
+
+from agmarl_common.core.cluster.filters import violations
+from agmarl_common.core.cluster.model import ClusterState, Node, Pod, PodAffinityTerm, LabelSelector, Taint
+from agmarl_common.core.policies.fgd import FgdPolicy
+from agmarl_common.core.policies.joint import SwitchPlacer
+from agmarl_common.core.policies.packing import pack_group
+from agmarl_common.core.sim.batches import BatchPlan, SequentialPlacer, apply_binds, place_in_order, run_batches
+
+
+def pod(name, cpu=2000, num=0, milli=0, mem=1024, **kw):
+    return Pod(name, cpu_milli=cpu, memory_mib=mem, num_gpu=num, gpu_milli=milli, **kw)
+
+
+NODES = tuple(
+    [Node(f"t{i}", cpu_milli=32000, memory_mib=65536, gpu_count=2, gpu_model="T4") for i in range(3)]
+    + [Node(f"v{i}", cpu_milli=24000, memory_mib=131072, gpu_count=4, gpu_model="V100M16") for i in range(3)]
+    + [Node("tainted", cpu_milli=64000, memory_mib=131072, gpu_count=8, gpu_model="G2",
+            taints=(Taint("dedicated", "x"),))]
+    + [Node("cpu", cpu_milli=16000, memory_mib=32768)])
+SHAPES = (pod("a", 4000, 1, 500), pod("b", 8000, 1, 1000), pod("c", 2000), pod("d", 6000, 2, 1000),
+          pod("e", 1000, 1, 250), pod("f", 2000, 1, 700), pod("g", 3000, 1, 810), pod("h", 6000, 4, 1000),
+          pod("t4", 2000, 1, 1000, gpu_spec=("T4",)))
+
+
+def random_group(rng, n, tag):
+    return [Pod(f"{tag}{k}", **{f: getattr(s, f) for f in ("cpu_milli", "memory_mib", "num_gpu", "gpu_milli",
+                                                             "gpu_spec")})
+            for k, s in enumerate(SHAPES[int(j)] for j in rng.integers(0, len(SHAPES), n))]
+
+
+def partly_used(seed):
+    """The cluster after a random group placed by FGD, and a second random group."""
+    rng = np.random.default_rng(seed)
+    fgd = FgdPolicy(seed)
+    fgd.observe_workload(SHAPES)
+    state = ClusterState.empty(NODES)
+    _, state = place_in_order(fgd, (first := random_group(rng, 6, "x")), range(len(first)), state, None)
+    return state, random_group(rng, 6, "y"), fgd
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_group_that_fits_is_placed_whole_and_passes_the_hard_filter(seed):
+    state, group, fgd = partly_used(seed)
+    seq, _ = place_in_order(fgd, group, range(len(group)), state, None)
+    if len(seq) < len(group):
+        return  # this draw does not fit whole (the module asserts below that most draws do)
+    packed = pack_group(group, state, open_cost=1.0, cpu_per_gpu=4000.0, short_cost=1e-3)
+    assert packed is not None and sorted(k for k, _, _ in packed.binds) == list(range(len(group)))
+    end = apply_binds(group, packed.binds, state)  # raises on a hard-filter or device violation
+    assert violations(end) == []
+    assert packed.milli == sum(p.gpu_milli_total for p in group)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_knapsack_places_at_least_what_sequential_fgd_places_and_is_deterministic(seed):
+    state, group, fgd = partly_used(seed)
+    group = group + random_group(np.random.default_rng(100 + seed), 30, "z")  # overflows the cluster
+    seq, _ = place_in_order(fgd, group, range(len(group)), state, None)
+    first = pack_group(group, state, mandatory=[False] * len(group))
+    second = pack_group(group, state, mandatory=[False] * len(group))
+    assert first is not None and first == second
+    assert first.milli >= sum(group[k].gpu_milli_total for k, _, _ in seq)
+    assert violations(apply_binds(group, first.binds, state)) == []
+
+
+def test_the_knapsack_finds_the_pair_that_fills_a_device():
+    node = Node("n", cpu_milli=32000, memory_mib=65536, gpu_count=1, gpu_model="T4")
+    group = [pod("big", 1000, 1, 600), pod("s1", 1000, 1, 500), pod("s2", 1000, 1, 500)]
+    state = ClusterState.empty((node,))
+    packed = pack_group(group, state, mandatory=[False] * 3)
+    assert packed is not None and packed.milli == 1000 and {k for k, _, _ in packed.binds} == {1, 2}
+    # with the 600 mandatory the best is the 600 alone
+    packed = pack_group(group, state, mandatory=[True, False, False])
+    assert packed.milli == 600 and [k for k, _, _ in packed.binds] == [0]
+
+
+def test_cpu_and_whole_devices_bound_the_knapsack():
+    node = Node("n", cpu_milli=10000, memory_mib=65536, gpu_count=2, gpu_model="T4")
+    # two whole-GPU pods of 6,000 CPU each: only one fits the node's CPU; then a 300 share on the other device
+    group = [pod("w1", 6000, 1, 1000), pod("w2", 6000, 1, 1000), pod("s", 3000, 1, 300)]
+    packed = pack_group(group, ClusterState.empty((node,)), mandatory=[False] * 3)
+    assert packed.milli == 1300 and len(packed.binds) == 2
+    devices = [gpus for _, _, gpus in packed.binds]
+    assert len({d for g in devices for d in g}) == 2  # the whole GPU and the share on different devices
+
+
+def test_mandatory_pods_that_cannot_all_be_placed_and_unmodelled_pods_give_none():
+    node = Node("n", cpu_milli=32000, memory_mib=65536, gpu_count=1, gpu_model="T4")
+    state = ClusterState.empty((node,))
+    assert pack_group([pod("a", 1000, 1, 600), pod("b", 1000, 1, 600)], state) is None
+    anti = PodAffinityTerm(label_selector=LabelSelector(match_labels={"app": "x"}), topology_key="kubernetes.io/hostname")
+    assert pack_group([pod("c", 1000, 1, 300, pod_anti_affinity=(anti,))], state, mandatory=[False]) is None
+
+
+def test_the_knapsack_placer_places_every_pod_of_a_group_that_fits_and_chooses_in_one_that_overflows():
+    one = Node("a", cpu_milli=32000, memory_mib=65536, gpu_count=1, gpu_model="T4")
+    # group 1 fits (placed whole, as sequential FGD does); group 2 overflows: 600 first in arrival order
+    plan = BatchPlan(nodes=(one, Node("b", cpu_milli=32000, memory_mib=65536, gpu_count=1, gpu_model="T4")),
+                     groups=((pod("w", 1000, 1, 1000),),
+                             (pod("big", 1000, 1, 600), pod("s1", 1000, 1, 500), pod("s2", 1000, 1, 500))),
+                     rank=np.arange(2))
+    workload = list(plan.pods)
+    for seed in range(3):
+        seq = run_batches(plan, SequentialPlacer(FgdPolicy(seed)), workload)
+        placer = SwitchPlacer(FgdPolicy(seed), seed=seed, exact=True)
+        r = run_batches(plan, placer, workload)
+        again = run_batches(plan, SwitchPlacer(FgdPolicy(seed), seed=seed, exact=True), workload)
+        assert placer.name == "knapsack:fgd" and placer.held_groups == 1
+        assert r.placed_pods[1] == 1 and seq.used_milli[-1] == 1600 and r.used_milli[-1] == 2000
+        assert np.array_equal(r.node_index, again.node_index) and violations(r.state) == []
+
+
+@pytest.mark.parametrize("pack_fitting", [False, True])
+def test_the_knapsack_placer_never_leaves_out_a_pod_while_the_group_fits(pack_fitting):
+    # two groups that each fit whole (the second only if the first is packed sensibly): every pod placed
+    nodes = tuple(Node(f"n{i}", cpu_milli=32000, memory_mib=65536, gpu_count=2, gpu_model="T4") for i in range(2))
+    g1 = (pod("s1", 1000, 1, 810), pod("s2", 1000, 1, 470), pod("s3", 1000, 1, 470))
+    g2 = (pod("w1", 1000, 1, 1000), pod("w2", 1000, 1, 1000))
+    plan = BatchPlan(nodes=nodes, groups=(g1, g2), rank=np.arange(2))
+    placer = SwitchPlacer(FgdPolicy(0), seed=0, exact=True, pack_fitting=pack_fitting)
+    r = run_batches(plan, placer, list(plan.pods))
+    assert r.placed_pods[1] == 3 and placer.held_groups == (0 if r.placed_pods[-1] == 5 else 1)
+    assert violations(r.state) == []
+
+
+def test_most_draws_of_the_fitting_test_fit():
+    fits = 0
+    for seed in range(8):
+        state, group, fgd = partly_used(seed)
+        fits += len(place_in_order(fgd, group, range(len(group)), state, None)[0]) == len(group)
+    assert fits >= 5
