@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -158,6 +159,10 @@ async def run(args: argparse.Namespace) -> dict:
             except subprocess.TimeoutExpired:
                 p.kill()
         ns.stop()
+        if args.keep:
+            print(f"logs and JetStream store kept in {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def main() -> int:
@@ -172,6 +177,7 @@ def main() -> int:
     ap.add_argument("--explain", action="store_true", help="add the model's explanation to each decision")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--keep", action="store_true", help="keep the run's folder (service logs, JetStream store)")
     ap.add_argument("--profile", default=None,
                     help="py-spy the inference process over the measured decisions into this file (collapsed "
                          "stacks, or speedscope when it ends in .json); its sampling adds to inference's CPU")
