@@ -204,6 +204,9 @@ class StandInApiServer:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # headers and body go out in separate writes: with Nagle on, the second waits for the client's delayed ACK
+    # (~40 ms a response on loopback); kube-apiserver (Go) sets TCP_NODELAY, so this stand-in does too
+    disable_nagle_algorithm = True
     standin: StandInApiServer
 
     def log_message(self, fmt: str, *args: Any) -> None:  # quiet
