@@ -14,6 +14,11 @@ recorded from a good scheduler (fgd-pack on an openb sub-cluster), with rewards.
    re-evaluated here on those seeds: better than the serving model by more than the margin.
 2. The promoted model now serves; `agmarl retrain --config finetune_dryrun.yaml` (no improvement step: the
    candidate is the serving model) is refused: gain 0 on every seed, nothing published.
+
+Cost (~43 s of CPU in all its processes; docs/model.md "The trainer service"): two ONNX exports (~7 s each:
+the serving model here, the candidate in the run), the fine-tune's search and gate on 16-node sub-clusters
+(~9 s), imports. The trainer runs at the test's priority (AGMARL_TRAIN_NICE=0): a run 10 steps nicer gets a
+tenth of a core on a loaded machine; the niceness itself is test_app's subject.
 """
 
 from __future__ import annotations
@@ -120,8 +125,10 @@ async def test_retrain_promotes_a_better_model_and_refuses_one_that_is_not(nats_
         await bus.subscribe(subjects.train_status(), on_status)
         await bus.subscribe(subjects.model_published(), on_published)
         await bus.flush()
+        # the run at the test's own priority: its niceness is test_app's subject, and a run 10 steps nicer than
+        # the test gets a tenth of a core on a loaded CI machine
         env = {"NATS_URL": nats_url, "AGMARL_CLUSTER": cluster, "AGMARL_HTTP_PORT": "0", "AGMARL_OBJECTIVE": "allocation",
-               **model_keys.env}
+               "AGMARL_TRAIN_NICE": "0", **model_keys.env}
         trainer = service_processes("agmarl_trainer", env=env)  # starts while the serving model is built
 
         # the serving model, published as the trainer publishes (signed with the session's test key)

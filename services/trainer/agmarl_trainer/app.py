@@ -8,8 +8,8 @@ selection, the newest model this trainer published, else ``models/default``, as 
 does); its model folder comes from disk or the Object Store. The experience buffer (the EXPERIENCE
 stream's transitions, bounded, mirrored to ``<work>/experience.jsonl``) is copied for the run, and
 ``finetune.run_finetune`` (with ``configs/train/finetune.yaml`` unless the request's evidence names another
-file of configs/train/ under ``train_config``) goes to a separate process, so the event loop stays
-responsive. Then "running", and at the end:
+file of configs/train/ under ``train_config``) goes to a separate process (forked from a server that has its
+modules loaded, ``run_context``), so the event loop stays responsive. Then "running", and at the end:
 
 - "done" with the model version when the gate promoted the candidate: its manifest is signed with the
   trainer's key (``model_signing_key``; ``manifest.sig``, docs/security.md), every model file is stored in
@@ -86,6 +86,15 @@ def run_job(config_path: str, incumbent: dict, experience_path: str, out_dir: st
         body = {"rc": 1, "error": f"{type(err).__name__}: {err}"}
     body["niceness"] = os.nice(0)  # what the run ran at
     write_result(result_path, body)
+
+
+def run_context() -> multiprocessing.context.BaseContext:
+    """Where a run's process comes from: a fork server (started with the first run, ended with the service)
+    that has imported the fine-tune's modules (torch among them) once, so a run starts without importing them
+    again (~4 s of CPU each on the 2-core machine); the service process itself never imports torch."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__, "agmarl_trainer.finetune"])
+    return ctx
 
 
 def _stop(proc: multiprocessing.Process) -> None:
@@ -233,7 +242,7 @@ class TrainerApp:
             incumbent = await self.incumbent()
             n = self.buffer.write(work / "experience.jsonl")
             # not daemonic: the run starts its own rollout worker processes
-            proc = multiprocessing.get_context("spawn").Process(target=run_job, args=(
+            proc = run_context().Process(target=run_job, args=(
                 str(config), incumbent, str(work / "experience.jsonl"), str(out), str(work / "runs"), str(result),
                 forced(req), self.settings.objective, self.settings.scheme, self.settings.train_nice))
             self.proc = proc

@@ -28,7 +28,7 @@ import json
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -37,7 +37,9 @@ from agmarl_common.core.cluster.compact import is_compact, state_from_compact
 from agmarl_common.core.cluster.filters import feasible_nodes
 from agmarl_common.core.cluster.model import ClusterState, Pod, pod_from_dict, state_from_dict
 from agmarl_common.core.features import FeatureContext, build_graph
-from agmarl_trainer.rollout import Sample
+
+if TYPE_CHECKING:  # the samples' module imports torch: the trainer service (the buffer) runs without it
+    from agmarl_trainer.rollout import Sample
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,8 @@ def experience_samples(transitions: Iterable[m.Experience], quantile: float = 0.
 
 def decision_sample(d: Decision, objective: str = "composite", scheme: str = "fixed") -> Sample:
     """The graph of the one pending pod on the state it saw, labelled with the candidate it was bound to."""
+    from agmarl_trainer.rollout import Sample
+
     graph = build_graph([d.pod], d.state, [d.candidates], FeatureContext.from_workload(d.workload, objective, scheme))
     credit = np.array([d.credit], float) if d.credit is not None else np.zeros(0)
     return Sample(graph, np.array([d.choice], np.int64), reward=d.reward, credit=credit)

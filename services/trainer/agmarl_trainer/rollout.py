@@ -36,7 +36,7 @@ from agmarl_common.core.credit import reference_credit
 from agmarl_common.core.features import FeatureContext, HeteroGraph, build_graph, device_for
 from agmarl_common.core.policies.base import PolicyBase
 from agmarl_common.core.policies.kube import KubeDefaultPolicy
-from agmarl_common.core.reward import Outcomes, placement_base, reward_components, total_reward
+from agmarl_common.core.reward import outcomes_from_stats, placement_base, reward_components, total_reward
 from agmarl_common.core.sim import dynamic, inflation
 from agmarl_common.core.sim.inflation import inflate_workload, pick_node
 
@@ -242,10 +242,11 @@ def run_inflation_episode(nodes: Sequence[Node], workload: Sequence[Pod], rng: n
 
 
 def _round_reward(state: dynamic.SimState, before: dynamic.SimCounters) -> float:
-    c = state.counters
-    outcomes = Outcomes(pending=len(state.pending), scheduled=c.bound - before.bound,
-                        failed=(c.unschedulable - before.unschedulable) + (c.failed - before.failed), violations=0)
-    return total_reward(reward_components(state.cluster, outcomes))
+    """The composite reward of the cluster after a round, its outcomes counted as the reward module counts a
+    window's (``reward.outcomes_from_stats``: a refused bind, an unschedulable timeout or a failed pod is a
+    failure; the reward-calculator counts live windows with the same function)."""
+    after = {**state.counters.as_dict(), "pending": len(state.pending)}
+    return total_reward(reward_components(state.cluster, outcomes_from_stats(before.as_dict(), after)))
 
 
 def _credits(pods: Sequence[Pod], cands: Sequence[np.ndarray], cluster: ClusterState,

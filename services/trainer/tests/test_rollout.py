@@ -8,6 +8,7 @@ import torch
 from agmarl_common.core.cluster.model import Node, Pod
 from agmarl_common.core.features import EDGE_FEATURES, F_EDGE, F_NODE, F_POD, POD_FEATURES, HeteroGraph
 from agmarl_common.core.policies.fgd import BestFitPolicy, FgdPolicy
+from agmarl_common.core.reward import Outcomes, reward_components, total_reward
 from agmarl_common.core.sim import dynamic, traces
 from agmarl_common.core.sim.inflation import run_inflation
 from agmarl_trainer.rollout import collate, run_dynamic_episode, run_inflation_episode, segment_log_softmax, sub_cluster
@@ -53,6 +54,13 @@ def test_arbiter_refuses_picks_made_stale_by_earlier_ones():
     assert stats["bound"] == 2 and stats["bind_rejected"] >= 2 and stats["pending"] == 1
     assert stats["hard_violations"] == 0
     assert samples[0].graph.n_pods == 3 and 0.0 <= samples[0].reward <= 1.0
+    # the round's reward counts outcomes as the reward module does: the two refused picks are failures
+    state, _ = dynamic.advance(dynamic.reset(nodes, pods, cfg, 0), 1.0, cfg)
+    state, outcome = dynamic.bind(state, pods[0].key, "n0")
+    assert outcome.ok
+    counted = total_reward(reward_components(state.cluster, Outcomes(pending=2, scheduled=1, failed=2)))
+    assert samples[0].reward == pytest.approx(counted)
+    assert counted < total_reward(reward_components(state.cluster, Outcomes(pending=2, scheduled=1, failed=0)))
 
 
 def graph(n, p, per):
