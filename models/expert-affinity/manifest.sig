@@ -1,5 +1,5 @@
 {
   "alg": "ed25519",
   "key_id": "b263fc2956740bc6",
-  "signature": "R1EUKiehwl8RBttWF6JEjnDlsRrxrKoBbn/ehdNlafaEDIXjFA5Gp/N9czMcw0/FHxJXYY/sJ3lqCBtDFfP2Aw=="
+  "signature": "5DP3jPdXONSizQ+lxvwvL3jWv2CqAok8E/mAB5tNxGfcI5bf0PXvvG12ST87FvCziGCuehNIcMRkeBOevvK6Cg=="
 }

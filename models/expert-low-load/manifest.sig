@@ -1,5 +1,5 @@
 {
   "alg": "ed25519",
   "key_id": "b263fc2956740bc6",
-  "signature": "Ghy8DyjUT6BN5NNp+90SE0XOB6xumzNd1hqRWSqyMLmH5jWogIcIuDTtivr2xxk1MJVxRFE0wNf8/jXParIpAA=="
+  "signature": "Wlrfl8PX9yaXtHzQ03fX3MAJ1lMT2hPuLGoJuxk8Zf8A+2fvELJOShMymC84/hq4rUa8kC2B0+KOIm+iFJNNAQ=="
 }

@@ -122,6 +122,9 @@ def _dynamic_table(results: dict) -> list[str]:
 
 def search_table(report: dict) -> list[str]:
     """The search's learning curve as Markdown: held-out score per iteration and what was kept."""
+    if report.get("protocol") == "dynamic":
+        from agmarl_trainer.search_dynamic import report_table
+        return report_table(report)
     lines = ["## Search-based improvement (expert iteration): learning curve", "",
              f"GPU allocation at 100 % arrived, openb inflation on held-out sub-clusters of {report['held_out_nodes']} "
              f"nodes (seeds {report['held_out_seeds']}, pod lists {report['held_out_workloads']}), greedy policy, "

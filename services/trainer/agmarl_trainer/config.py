@@ -71,6 +71,11 @@ class SearchConfig:
     # fine-tuning (finetune.py) only: the newest recorded decisions at or above the median reward added to every
     # iteration's distillation as cross-entropy targets (0 = none)
     experience_max: int = 2000
+    # "inflation" (search.py: openb sub-clusters, GPU allocation) or "dynamic" (search_dynamic.py: the dynamic
+    # simulator on sim.dynamic_workloads, the composite reward; there ``horizon`` is the rollout in seconds and
+    # ``window`` shares of the episode's horizon)
+    protocol: str = "inflation"
+    admission: str = ""  # dynamic only: "capped" = the learned policy places under the load cap (policies.loadcap)
 
 
 @dataclass(frozen=True)

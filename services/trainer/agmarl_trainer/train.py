@@ -35,6 +35,7 @@ from agmarl_trainer.model import PolicyNet
 from agmarl_trainer.rollout import Sample, action_edges, collate, run_inflation_episode, segment_log_softmax, \
     sub_cluster, torch_scorer
 from agmarl_trainer.search import train_search
+from agmarl_trainer.search_dynamic import train_search_dynamic
 
 METRIC_FIELDS = ("phase", "step", "time_s", "loss", "accuracy", "policy_loss", "value_loss", "entropy",
                  "approx_kl", "episode_return", "alloc_at_100", "fgd_alloc_at_100", "lr")
@@ -262,11 +263,15 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, wrap=None, rank: int = 0) ->
         if cfg.search.iterations > 0:  # keeps its best iteration on held-out seeds, the start on a tie
             if wrap is not None:
                 raise ValueError("search: one process only (no --distributed)")
-            report = train_search(net, cfg, log, rng, t0 + cfg.time_budget_s)
+            if cfg.search.protocol == "dynamic":  # the regime experts: composite reward in the dynamic simulator
+                report = train_search_dynamic(net, cfg, log, rng, t0 + cfg.time_budget_s)
+                ev = {"reward_total": report["kept_held_out"], "reference_reward_total": report["reference_held_out"]}
+            else:
+                report = train_search(net, cfg, log, rng, t0 + cfg.time_budget_s)
+                ev = {"alloc_at_100": report["kept_held_out"], "fgd_alloc_at_100": report["fgd_held_out"]}
             history["search"] = [report]
             kept = report["kept_iteration"]
             history["kept"] = ["start" if kept == 0 else f"search iteration {kept}"]
-            ev = {"alloc_at_100": report["kept_held_out"], "fgd_alloc_at_100": report["fgd_held_out"]}
             history["eval_after_search"] = [ev]
         else:
             ev = quick_eval(net, cfg)
