@@ -72,7 +72,8 @@ POOL = ("kube-default", "kube-resources", "most-allocated", "reward-aware", "cap
 # reward-aware-guard, batch kube-default, low_load reward-aware; docs/adaptivity.md) tied the best fixed expert.
 # Learned regime experts after search-based improvement (models/expert-*, docs/adaptivity.md "Learned regime experts"),
 # calibrated on seeds 21-25 against these heuristics: affinity +0.03 (CI -0.13 .. +0.20), low_load +0.20 (CI -1.07 ..
-# +1.46), batch -2.07 (CI -3.12 .. -1.01): ahead on the mean in two regimes but inside the noise, so not in the map.
+# +1.46), batch -2.07 (CI -3.12 .. -1.01); on seeds 26-30 affinity -0.06 (CI -0.33 .. +0.21), low_load +0.00 (CI
+# -1.30 .. +1.31): ties with the best heuristic in two regimes, behind in batch, so not in the map.
 BENCH_EXPERTS: dict[str, str] = {"low_load": "capped:kube-default", "batch": "capped:kube-default",
                                   "affinity": "reward-aware-guard"}
 # --batch-kind gpu: calibrated with ``--batch-kind gpu --calibrate --seeds 4,5,6,7,8`` (held out), pool kube-default,
