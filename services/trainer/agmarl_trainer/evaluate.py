@@ -18,7 +18,7 @@ from agmarl_common.core.features import HeteroGraph
 from agmarl_common.core.policies.fgd import FGD_PAPER_POLICIES
 from agmarl_common.core.sim.inflation import run_inflation
 from agmarl_trainer.imitation import openb_nodes, openb_pods
-from agmarl_trainer.procs import die_with_parent
+from agmarl_trainer.procs import pool_worker
 
 _MODEL_DIR: str | None = None
 
@@ -111,7 +111,6 @@ def _init(model_dir: str | None) -> None:
     global _MODEL_DIR
     import torch
 
-    die_with_parent()
     torch.set_num_threads(1)
     _MODEL_DIR = model_dir
 
@@ -133,7 +132,7 @@ def evaluate_openb(model_dir: str | Path | None, workloads: Sequence[str], seeds
         _init(md)
         rows = [_one(j) for j in jobs]
     else:
-        with ProcessPoolExecutor(max_workers=workers, initializer=_init, initargs=(md,)) as pool:
+        with ProcessPoolExecutor(max_workers=workers, initializer=pool_worker, initargs=(_init, md)) as pool:
             rows = list(pool.map(_one, jobs))
     out: dict[str, dict[str, dict]] = {}
     for policy, workload, seed, alloc in rows:
@@ -173,7 +172,7 @@ def evaluate_dynamic(model_dir: str | Path, workloads: Sequence[str], seeds: Seq
     """``sim.dynamic.run`` (the dynamic harness, one pod at a time) on synthetic clusters and workloads:
     {workload: {policy: mean of each summary metric over seeds}}."""
     jobs = [(p, w, s, n_nodes, horizon_s) for w in workloads for p in policies for s in seeds]
-    with ProcessPoolExecutor(max_workers=max(workers, 1), initializer=_init, initargs=(str(model_dir),)) as pool:
+    with ProcessPoolExecutor(max_workers=max(workers, 1), initializer=pool_worker, initargs=(_init, str(model_dir))) as pool:
         rows = list(pool.map(_dynamic_one, jobs))
     out: dict[str, dict[str, dict]] = {}
     for policy, workload, _, summary in rows:

@@ -19,7 +19,7 @@ import torch
 from agmarl_common.core.policies.fgd import FGD_PAPER_POLICIES
 from agmarl_common.core.policies.registry import get_policy
 from agmarl_common.core.sim import dynamic, synthetic, traces
-from agmarl_trainer.procs import die_with_parent
+from agmarl_trainer.procs import pool_worker
 from agmarl_trainer.rollout import Sample, action_edges, collate, run_dynamic_episode, run_inflation_episode, \
     segment_log_softmax, sub_cluster
 
@@ -63,7 +63,6 @@ _NET = None  # the learned policy inside a worker process (set by ``init_worker`
 def init_worker(state_dict: dict | None = None, net_cfg=None) -> None:
     """Pool initializer: one torch thread per worker, and the current policy weights when given."""
     global _NET
-    die_with_parent()
     torch.set_num_threads(1)
     if state_dict is not None:
         from agmarl_trainer.model import PolicyNet
@@ -103,8 +102,8 @@ def run_tasks(tasks: Sequence[EpisodeTask], workers: int, state_dict: dict | Non
     if workers <= 1:
         init_worker(state_dict, net_cfg)
         return [run_task(t) for t in tasks]
-    with ProcessPoolExecutor(max_workers=workers, initializer=init_worker,
-                             initargs=(state_dict, net_cfg)) as pool:
+    with ProcessPoolExecutor(max_workers=workers, initializer=pool_worker,
+                             initargs=(init_worker, state_dict, net_cfg)) as pool:
         return list(pool.map(run_task, tasks))
 
 

@@ -1,7 +1,7 @@
 """Child processes that end with their parent.
 
-The trainer's run process and the rollout/evaluation workers of its process pools call ``die_with_parent``
-first: Linux then sends them SIGTERM when the process that started them ends, however it ends (a SIGKILL
+The trainer's run process and the rollout/evaluation workers of its process pools (``pool_worker``, their
+initializer) call ``die_with_parent`` first: Linux then sends them SIGTERM when the process that started them ends, however it ends (a SIGKILL
 from a supervisor included), so no worker outlives the trainer and keeps a core busy. Elsewhere (no
 ``prctl``) it does nothing; the run's process group (``app._stop``) still covers an orderly stop.
 """
@@ -29,3 +29,11 @@ def die_with_parent(sig: int = signal.SIGTERM) -> bool:
     if os.getppid() == 1:  # the parent died between fork and prctl
         os.kill(os.getpid(), sig)
     return True
+
+
+def pool_worker(init, *args) -> None:
+    """A process pool's initializer: the worker ends with its parent, then ``init(*args)``. (``init`` itself
+    must not arm that: run in-process, with ``workers`` 1, it would tie the caller, e.g. ``agmarl train`` in
+    the background, to its own parent shell.)"""
+    die_with_parent()
+    init(*args)

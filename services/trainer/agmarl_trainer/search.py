@@ -52,7 +52,7 @@ from agmarl_trainer.config import TrainConfig
 from agmarl_trainer.imitation import EpisodeTask, expert_policy, minibatches, openb_nodes, openb_pods, run_tasks
 from agmarl_trainer.model import PolicyNet
 from agmarl_trainer.rollout import Sample, action_edges, collate, segment_log_softmax, sub_cluster, torch_scorer
-from agmarl_trainer.procs import die_with_parent
+from agmarl_trainer.procs import pool_worker
 
 # ---------------------------------------------------------------------------------------------
 # 1. Episodes with searched decision points (worker processes)
@@ -79,7 +79,6 @@ _NET: PolicyNet | None = None  # the current policy inside a worker process (``i
 def init_worker(state_dict: dict, net_cfg) -> None:
     """Pool initializer: one torch thread, the current weights."""
     global _NET
-    die_with_parent()
     torch.set_num_threads(1)
     _NET = PolicyNet(net_cfg)
     _NET.load_state_dict(state_dict)
@@ -196,7 +195,7 @@ def run_search_tasks(tasks: Sequence[SearchTask], workers: int, state_dict: dict
     if workers <= 1:
         init_worker(state_dict, net_cfg)
         return [search_episode(t) for t in tasks]
-    with ProcessPoolExecutor(max_workers=workers, initializer=init_worker, initargs=(state_dict, net_cfg)) as pool:
+    with ProcessPoolExecutor(max_workers=workers, initializer=pool_worker, initargs=(init_worker, state_dict, net_cfg)) as pool:
         return list(pool.map(search_episode, tasks))
 
 

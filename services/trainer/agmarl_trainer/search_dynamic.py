@@ -44,6 +44,7 @@ from agmarl_common.core.reward import RewardScheme, cluster_load, outcomes_from_
 from agmarl_common.core.sim import dynamic, synthetic
 from agmarl_trainer.config import TrainConfig
 from agmarl_trainer import imitation
+from agmarl_trainer.procs import pool_worker
 from agmarl_trainer.imitation import expert_policy
 from agmarl_trainer.model import PolicyNet
 from agmarl_trainer.rollout import LearnedPolicy, Sample, torch_scorer
@@ -211,7 +212,7 @@ def run_episodes(tasks: Sequence[DynamicSearchTask], workers: int, state_dict: d
     if workers <= 1:
         imitation.init_worker(state_dict, net_cfg)
         return [episode(t) for t in tasks]
-    with ProcessPoolExecutor(max_workers=workers, initializer=imitation.init_worker, initargs=(state_dict, net_cfg)) as pool:
+    with ProcessPoolExecutor(max_workers=workers, initializer=pool_worker, initargs=(imitation.init_worker, state_dict, net_cfg)) as pool:
         return list(pool.map(episode, tasks))
 
 
