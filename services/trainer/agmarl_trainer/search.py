@@ -305,51 +305,73 @@ def clone_state(net: PolicyNet) -> dict:
     return {k: v.detach().clone() for k, v in net.state_dict().items()}
 
 
-def train_search(net: PolicyNet, cfg: TrainConfig, log, rng: np.random.Generator, deadline: float,
-                 extra: Sequence[Sample] = ()) -> dict:
-    """Expert iteration from ``net``'s weights (the start); leaves ``net`` at the best iteration's weights.
-    ``extra``: labelled samples added to every iteration's distillation next to the search's own (the
-    fine-tune's recorded decisions). Returns the report: the learning curve (held-out score per iteration),
-    what was kept, per iteration the search's statistics and the distillation's KL, and the training
-    episodes' seeds."""
+def expert_iteration(net: PolicyNet, cfg: TrainConfig, log, rng: np.random.Generator, deadline: float, *,
+                     tasks, run, held_out, row, log_fields, extra: Sequence[Sample] = ()) -> dict:
+    """The expert-iteration loop both protocols share, from ``net``'s weights (the start); leaves ``net`` at the
+    best iteration's weights (held-out mean, the start on a tie). Per iteration: ``tasks(cfg, rng)`` (each with a
+    ``seed``), run by ``run(tasks, state_dict)`` into (samples, stats) per task; the newest ``search.buffer``
+    samples plus ``extra`` distilled with the KL anchor to the start; ``held_out(state_dict)``, a score per
+    held-out episode. ``row(stats, new)``: the protocol's own fields of the iteration's curve entry;
+    ``log_fields(score)``: its fields of the ``search_eval`` log row. Returns the curve, the per-seed held-out
+    scores, the kept iteration, the training seeds and the distillation steps."""
     sc = cfg.search
     start = copy.deepcopy(net).eval()
     snapshots = [clone_state(net)]
-    fgd = held_out(None, cfg, expert="fgd")
-    per_seed = [held_out(snapshots[0], cfg)]
+    per_seed = [held_out(snapshots[0])]
     curve = [{"iteration": 0, "held_out": round(float(np.mean(per_seed[0])), 3), "kl": 0.0, "labels": 0,
-              "changed": 0, "train_alloc_at_100": None, "seconds": 0.0}]
+              "changed": 0, "seconds": 0.0}]
     data: list[Sample] = []
     step, train_seeds = 0, []
     for it in range(1, sc.iterations + 1):
         if time.monotonic() > deadline:
             break
         t0 = time.monotonic()
-        tasks = search_tasks(cfg, rng)
-        train_seeds += [t.seed for t in tasks]
-        results = run_search_tasks(tasks, cfg.workers, clone_state(net), cfg.net)
-        new = [s for samples, _ in results for s in samples]
+        batch = tasks(cfg, rng)
+        train_seeds += [t.seed for t in batch]
+        results = run(batch, clone_state(net))
+        new = [smp for samples, _ in results for smp in samples]
         stats = [st for _, st in results]
         data = (new + data)[: sc.buffer]
         step, fit = distill(net, start, data + list(extra), cfg, rng, log, step)
         snapshots.append(clone_state(net))
-        per_seed.append(held_out(snapshots[-1], cfg))
+        per_seed.append(held_out(snapshots[-1]))
         score = float(np.mean(per_seed[-1]))
-        log.row(phase="search_eval", step=it, alloc_at_100=score, fgd_alloc_at_100=float(np.mean(fgd)),
-                approx_kl=fit["kl"])
+        log.row(phase="search_eval", step=it, approx_kl=fit["kl"], **log_fields(score))
         labels = int(sum(st["searched"] for st in stats))
-        curve.append({"iteration": it, "held_out": round(score, 3), "kl": round(fit["kl"], 5),
-                      "labels": labels, "anchor_states": len(new) - labels,
-                      "changed": int(sum(st["changed"] for st in stats)),
-                      "gain_milli_per_label": round(sum(st["gain_milli"] for st in stats) / max(labels, 1), 1),
-                      "train_alloc_at_100": round(float(np.mean([st["alloc_at_100"] for st in stats])), 3),
-                      "extra_samples": len(extra), "distill_steps": fit["steps"], "stopped_by_kl": fit["stopped_by_kl"],
+        curve.append({"iteration": it, "held_out": round(score, 3), "kl": round(fit["kl"], 5), "labels": labels,
+                      "anchor_states": len(new) - labels, "changed": int(sum(st["changed"] for st in stats)),
+                      **row(stats, labels), "distill_steps": fit["steps"], "stopped_by_kl": fit["stopped_by_kl"],
                       "seconds": round(time.monotonic() - t0, 1)})
-    kept = select_best([float(np.mean(row)) for row in per_seed])
+    kept = select_best([float(np.mean(r)) for r in per_seed])
     net.load_state_dict(snapshots[kept])
     return {"curve": curve, "kept_iteration": kept, "kept_held_out": curve[kept]["held_out"],
-            "start_held_out": curve[0]["held_out"], "fgd_held_out": round(float(np.mean(fgd)), 3),
-            "held_out_per_seed": [[round(x, 3) for x in row] for row in per_seed],
-            "held_out_seeds": list(cfg.eval.sub_seeds), "held_out_workloads": list(cfg.eval.workloads),
-            "held_out_nodes": sc.eval_nodes or cfg.eval.sub_nodes, "kl_max": sc.kl_max, "train_seeds": train_seeds,
+            "start_held_out": curve[0]["held_out"],
+            "held_out_per_seed": [[round(x, 3) for x in r] for r in per_seed], "train_seeds": train_seeds,
             "distill_steps": step}
+
+
+def train_search(net: PolicyNet, cfg: TrainConfig, log, rng: np.random.Generator, deadline: float,
+                 extra: Sequence[Sample] = ()) -> dict:
+    """Expert iteration from ``net``'s weights (the start) on openb inflation; leaves ``net`` at the best
+    iteration's weights. ``extra``: labelled samples added to every iteration's distillation next to the
+    search's own (the fine-tune's recorded decisions). Returns the report: the learning curve (held-out score
+    per iteration), what was kept, per iteration the search's statistics and the distillation's KL, and the
+    training episodes' seeds."""
+    sc = cfg.search
+    fgd = held_out(None, cfg, expert="fgd")
+    fgd_mean = float(np.mean(fgd))
+
+    def row(stats, labels):
+        return {"gain_milli_per_label": round(sum(st["gain_milli"] for st in stats) / max(labels, 1), 1),
+                "train_alloc_at_100": round(float(np.mean([st["alloc_at_100"] for st in stats])), 3),
+                "extra_samples": len(extra)}
+
+    report = expert_iteration(
+        net, cfg, log, rng, deadline, extra=extra, tasks=search_tasks,
+        run=lambda batch, state: run_search_tasks(batch, cfg.workers, state, cfg.net),
+        held_out=lambda state: held_out(state, cfg), row=row,
+        log_fields=lambda score: {"alloc_at_100": score, "fgd_alloc_at_100": fgd_mean})
+    report["curve"][0]["train_alloc_at_100"] = None
+    return {**report, "fgd_held_out": round(fgd_mean, 3),
+            "held_out_seeds": list(cfg.eval.sub_seeds), "held_out_workloads": list(cfg.eval.workloads),
+            "held_out_nodes": sc.eval_nodes or cfg.eval.sub_nodes, "kl_max": sc.kl_max}

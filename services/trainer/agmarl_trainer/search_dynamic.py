@@ -28,9 +28,7 @@ allocates; the regime experts are judged on the composite reward over time in th
 
 from __future__ import annotations
 
-import copy
 import math
-import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Sequence
@@ -48,7 +46,7 @@ from agmarl_trainer.procs import pool_worker
 from agmarl_trainer.imitation import expert_policy
 from agmarl_trainer.model import PolicyNet
 from agmarl_trainer.rollout import LearnedPolicy, Sample, torch_scorer
-from agmarl_trainer.search import clone_state, distill, select_best
+from agmarl_trainer.search import expert_iteration
 
 RECORD_S = 10.0  # reward window (the regime-shift benchmark's --record)
 SCHEME = RewardScheme("fixed")
@@ -236,49 +234,26 @@ def held_out(state_dict: dict | None, cfg: TrainConfig, policy: str = "") -> lis
 
 
 def train_search_dynamic(net: PolicyNet, cfg: TrainConfig, log, rng: np.random.Generator, deadline: float) -> dict:
-    """Expert iteration from ``net``'s weights in the dynamic simulator; leaves ``net`` at the best iteration's
-    weights (held-out reward total, the start on a tie). Returns the report: learning curve, kept iteration,
-    per-seed held-out totals, the reference's, the training seeds."""
+    """Expert iteration (``search.expert_iteration``) from ``net``'s weights in the dynamic simulator; leaves
+    ``net`` at the best iteration's weights (held-out reward total, the start on a tie). Returns the report:
+    learning curve, kept iteration, per-seed held-out totals, the reference's, the training seeds."""
     sc = cfg.search
-    start = copy.deepcopy(net).eval()
-    snapshots = [clone_state(net)]
     reference = held_out(None, cfg, policy=sc.rollout_policy)
-    per_seed = [held_out(snapshots[0], cfg)]
-    curve = [{"iteration": 0, "held_out": round(float(np.mean(per_seed[0])), 3), "kl": 0.0, "labels": 0,
-              "changed": 0, "seconds": 0.0}]
-    data: list[Sample] = []
-    step, train_seeds = 0, []
-    for it in range(1, sc.iterations + 1):
-        if time.monotonic() > deadline:
-            break
-        t0 = time.monotonic()
-        tasks = training_tasks(cfg, rng)
-        train_seeds += [t.seed for t in tasks]
-        results = run_episodes(tasks, cfg.workers, clone_state(net), cfg.net)
-        new = [s for samples, _ in results for s in samples]
-        stats = [st for _, st in results]
-        data = (new + data)[: sc.buffer]
-        step, fit = distill(net, start, data, cfg, rng, log, step)
-        snapshots.append(clone_state(net))
-        per_seed.append(held_out(snapshots[-1], cfg))
-        labels = int(sum(st["searched"] for st in stats))
-        log.row(phase="search_eval", step=it, episode_return=float(np.mean(per_seed[-1])), approx_kl=fit["kl"])
-        curve.append({"iteration": it, "held_out": round(float(np.mean(per_seed[-1])), 3),
-                      "kl": round(fit["kl"], 5), "labels": labels, "anchor_states": len(new) - labels,
-                      "changed": int(sum(st["changed"] for st in stats)),
-                      "gain_per_label": round(sum(st["gain"] for st in stats) / max(labels, 1), 4),
-                      "train_reward_total": round(float(np.mean([st["reward_total"] for st in stats])), 3),
-                      "distill_steps": fit["steps"], "stopped_by_kl": fit["stopped_by_kl"],
-                      "seconds": round(time.monotonic() - t0, 1)})
-    kept = select_best([float(np.mean(row)) for row in per_seed])
-    net.load_state_dict(snapshots[kept])
-    return {"protocol": "dynamic", "curve": curve, "kept_iteration": kept, "kept_held_out": curve[kept]["held_out"],
-            "start_held_out": curve[0]["held_out"], "reference": sc.rollout_policy,
+
+    def row(stats, labels):
+        return {"gain_per_label": round(sum(st["gain"] for st in stats) / max(labels, 1), 4),
+                "train_reward_total": round(float(np.mean([st["reward_total"] for st in stats])), 3)}
+
+    report = expert_iteration(
+        net, cfg, log, rng, deadline, tasks=training_tasks,
+        run=lambda batch, state: run_episodes(batch, cfg.workers, state, cfg.net),
+        held_out=lambda state: held_out(state, cfg), row=row,
+        log_fields=lambda score: {"episode_return": score})
+    return {"protocol": "dynamic", **report, "reference": sc.rollout_policy,
             "reference_held_out": round(float(np.mean(reference)), 3),
-            "held_out_per_seed": [[round(x, 3) for x in row] for row in per_seed],
             "reference_per_seed": [round(x, 3) for x in reference],
             "held_out_seeds": list(cfg.eval.sub_seeds), "held_out_workloads": list(cfg.sim.dynamic_workloads),
-            "kl_max": sc.kl_max, "train_seeds": train_seeds, "distill_steps": step}
+            "kl_max": sc.kl_max}
 
 
 def report_table(report: dict) -> list[str]:
