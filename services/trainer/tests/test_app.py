@@ -126,8 +126,11 @@ class Harness:
             if any(s.request_id == rid and s.status in ("done", "rejected", "failed") for s in self.statuses):
                 break
             await asyncio.sleep(0.25)
-        await asyncio.sleep(0.2)
         result = self.app.work_dir / rid / "result.json"
+        for _ in range(100):  # the run writes its result before its last status; bounded, in case it did not
+            if result.exists():
+                break
+            await asyncio.sleep(0.05)
         return [s for s in self.statuses if s.request_id == rid], json.loads(result.read_text())
 
 
@@ -216,8 +219,14 @@ async def test_stopping_the_service_stops_the_run_and_its_workers(nats_url, tmp_
             await bus.kv_put(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY, previous)
         await bus.close()
         await rt.shutdown()
-    await asyncio.sleep(1.0)
-    assert not [p for p in group if os.path.exists(f"/proc/{p}") and _state(p) != "Z"]
+    def alive() -> list[int]:
+        return [p for p in group if os.path.exists(f"/proc/{p}") and _state(p) not in ("Z", "gone")]
+
+    for _ in range(200):  # SIGTERM to the group at shutdown: the processes end (bounded wait, 10 s)
+        if not alive():
+            break
+        await asyncio.sleep(0.05)
+    assert not alive()
 
 
 def _pgid(pid: int) -> int:
