@@ -254,19 +254,3 @@ def train_search_dynamic(net: PolicyNet, cfg: TrainConfig, log, rng: np.random.G
             "reference_per_seed": [round(x, 3) for x in reference],
             "held_out_seeds": list(cfg.eval.sub_seeds), "held_out_workloads": list(cfg.sim.dynamic_workloads),
             "kl_max": sc.kl_max}
-
-
-def report_table(report: dict) -> list[str]:
-    """The learning curve as Markdown (``cli.search_table`` for ``protocol: dynamic``)."""
-    lines = ["## Search-based improvement in the dynamic simulator: learning curve", "",
-             f"Fixed-scheme reward summed over 10 s windows, whole episodes of {report['held_out_workloads']} on "
-             f"held-out seeds {report['held_out_seeds']}, greedy policy, mean over seeds; {report['reference']} on the "
-             f"same episodes {report['reference_held_out']:.3f}. Kept: iteration {report['kept_iteration']} "
-             f"({report['kept_held_out']:.3f}; start {report['start_held_out']:.3f}).", "",
-             "| iteration | held-out | - start | KL to start | labels | changed | rollout gain / label | s |",
-             "|---|---|---|---|---|---|---|---|"]
-    for c in report["curve"]:
-        mark = " (kept)" if c["iteration"] == report["kept_iteration"] else ""
-        lines.append(f"| {c['iteration']}{mark} | {c['held_out']:.3f} | {c['held_out'] - report['start_held_out']:+.3f} | "
-                     f"{c['kl']:.4f} | {c['labels']} | {c['changed']} | {c.get('gain_per_label', 0)} | {c['seconds']} |")
-    return lines + [""]

@@ -401,7 +401,7 @@ class ServiceRuntime:
                       "agmarl.kind": reg.cls.KIND, "messaging.message.body.size": len(data)}
         # the handler's span, current while it runs (what start_as_current_span does, without its two
         # generator-based context managers per message)
-        span = self.tracer.start_span(reg.span_name or f"{self.name} {reg.cls.KIND}", context=extract(headers),
+        span = self.tracer.start_span(reg.span_name, context=extract(headers),
                                       kind=SpanKind.CONSUMER, attributes=attributes, record_exception=False,
                                       set_status_on_exception=False)
         token = otel_context.attach(trace.set_span_in_context(span))
