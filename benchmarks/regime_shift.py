@@ -57,6 +57,7 @@ from agmarl_common.core.policies.registry import get_policy
 from agmarl_common.core.reward import SCHEMES, RewardScheme, outcomes_from_stats, reward_components, scheme_total
 from agmarl_common.core.reward import cluster_load
 from agmarl_common.core.sim import dynamic, synthetic
+from agmarl_common.core.stats import interval
 from regime_scenario import GPU_FRACTION, openb_gpu_shapes, scenario_workload  # noqa: E402 - a sibling script module
 
 PHASES = ("online-heavy", "batch-heavy", "node-loss", "recovery")
@@ -207,24 +208,14 @@ def switch_in(pool: list[str], reference: str, nodes, workload, phase_s: float, 
     return out
 
 
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-        12: 2.179, 14: 2.145, 16: 2.120, 19: 2.093, 24: 2.064, 29: 2.045, 39: 2.023, 59: 2.001}
-
-
-def t975(df: int) -> float:
-    """Student's t 97.5 % quantile (two-sided 95 %), the tabulated value at or below ``df`` (conservative)."""
-    return T975[max(k for k in T975 if k <= df)] if df < 120 else 1.96
-
-
 def paired(diffs: Sequence[float]) -> str:
     """Mean of per-seed differences (same cluster, workload and seed: common random numbers) with a
     95 % t interval and the number of seeds ahead."""
     d = np.asarray(diffs, float)
     if len(d) < 2:
         return f"{d.mean():+.2f} (one seed)"
-    half = float(t975(len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d)))
-    return (f"{d.mean():+.2f} (95 % CI {d.mean() - half:+.2f} .. {d.mean() + half:+.2f}), "
-            f"ahead on {int((d > 0).sum())}/{len(d)} seeds")
+    mean, low, high = interval(d)
+    return f"{mean:+.2f} (95 % CI {low:+.2f} .. {high:+.2f}), ahead on {int((d > 0).sum())}/{len(d)} seeds"
 
 
 def print_tables(per: dict[str, list[RunLog]], names: list[str], schemes: list[str], record_s: float,

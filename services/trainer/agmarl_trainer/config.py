@@ -104,6 +104,7 @@ class GateConfig:
     seeds: tuple[int, ...] = (2000, 2001, 2002, 2003, 2004, 2005, 2006, 2007)
     sub_nodes: int = 0  # held-out sub-cluster size (0 = eval.sub_nodes); pod lists: eval.workloads
     min_gain: float = 0.05  # the mean paired alloc_at_100 gain (percentage points) must be above this
+    require_interval: bool = True  # and its 95 % t interval over the seeds must lie above zero
     dynamic_seeds: int = 2  # the first this many seeds also run the dynamic simulator (the hard_violations guard)
     baselines: tuple[str, ...] = ("fgd", "bestfit")  # evaluated on the same runs, for reference (not gated on)
 

@@ -191,7 +191,7 @@ def run_finetune(config_path: str | Path, inc: Incumbent, experience_path: str |
     t0 = time.monotonic()
     cfg = load_config(config_path)
     check_held_out(cfg)
-    rule = rule or GateRule(min_gain=cfg.gate.min_gain)
+    rule = rule or GateRule(min_gain=cfg.gate.min_gain, require_interval=cfg.gate.require_interval)
     torch.set_num_threads(max(1, cfg.torch_threads))
     rng = np.random.default_rng(cfg.seed)
     net, cfg, start = start_net(inc, cfg)
