@@ -123,7 +123,8 @@ class System:
         # authenticated by default: seeds kept across runs, permissions regenerated from the catalogue
         self.creds = ensure_credentials(creds_dir())
         self.nats = NatsServer(store_dir=str(self.root / "nats"), auth_config=self.creds.auth_config,
-                               sync_interval="always")  # decisions and experience fsynced before the ack
+                               sync_interval="always",  # decisions and experience fsynced before the ack
+                               die_with_parent=True)  # `agmarl up` killed outright takes its server with it
         self.nats.start()
         self.supervised[NATS] = Supervised(started_at=time.monotonic())
         self.nats_url = self.nats.url

@@ -44,10 +44,10 @@ from agmarl_common.serving import modelstore, signing
 from agmarl_common.runtime import subjects
 from agmarl_common.core.pathnames import check_path_component, is_path_component
 from agmarl_common.core.policies.registry import MODEL_PREFIX
+from agmarl_common.runtime.lifetime import die_with_parent
 from agmarl_common.runtime.service import HandlerContext, ServiceRuntime
 from agmarl_common.runtime.settings import load_settings
 from agmarl_trainer.experience import ExperienceBuffer
-from agmarl_trainer.procs import die_with_parent
 from agmarl_trainer.settings import TrainerSettings
 
 SERVICE = "trainer"

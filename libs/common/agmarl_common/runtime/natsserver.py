@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from agmarl_common.runtime.lifetime import pdeathsig_preexec
 from agmarl_common.runtime.messages import MAX_MESSAGE_BYTES
 
 HEADER_ALLOWANCE = 16 * 1024  # NATS counts headers (trace context, Nats-Msg-Id) in max_payload
@@ -77,8 +78,11 @@ class NatsServer:
                  max_payload: int = DEFAULT_MAX_PAYLOAD, binary: str | None = None,
                  startup_timeout: float = 10.0, stop_timeout: float = 5.0, auth_config: str | Path | None = None,
                  tls_cert_file: str | None = None, tls_key_file: str | None = None, tls_ca_file: str | None = None,
-                 sync_interval: str | None = None):
+                 sync_interval: str | None = None, die_with_parent: bool = False):
         self.host = host
+        # the server ends when the thread that started it ends, however it ends (`agmarl up` killed outright
+        # must not leave its nats-server running); start it from the main thread
+        self.die_with_parent = die_with_parent
         # JetStream fsync: "always" = before every ack (an acknowledged decision survives a machine crash, as
         # deploy/nats/nats.conf and `agmarl up`; ~2.8 ms instead of ~0.3 ms per publish on a dev machine);
         # None = the server's default (every 2 minutes: survives a process crash, not a machine crash)
@@ -151,7 +155,8 @@ class NatsServer:
         self._log = open(self.log_path, "ab")
         # its own session: a Ctrl-C meant for the supervisor must not kill NATS before the services stop
         self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      start_new_session=True)
+                                      start_new_session=True,
+                                      preexec_fn=pdeathsig_preexec() if self.die_with_parent else None)
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
