@@ -245,6 +245,17 @@ def test_cluster_routes_need_the_route_password_and_tls(tmp_path: Path):
             time.sleep(0.2)
         return got
 
+    def wait_refusals(path: Path, timeout: float = 30.0) -> str:
+        """The server's log once it holds both refusals (wrong password, no TLS), or at the deadline."""
+        deadline, log = time.monotonic() + timeout, ""
+        while time.monotonic() < deadline:
+            log = path.read_text()
+            if (("Authentication Failure" in log or "authentication error" in log)
+                    and "TLS" in log and "handshake" in log.lower()):
+                break
+            time.sleep(0.1)
+        return log
+
     hosts = [f"127.0.0.1:{p}" for p in cports]
     names = [f"nats-{i}" for i in range(3)]
     try:
@@ -254,13 +265,14 @@ def test_cluster_routes_need_the_route_password_and_tls(tmp_path: Path):
             assert wait_routes(monitor, others) == others, (tmp_path / names[i] / "server.log").read_text()[-3000:]
         wrong = start("wrong-password", free_port(), route_config("0" * 64, hosts))
         plain = start("no-tls", free_port(), route_config(password, hosts), tls=False)
-        time.sleep(3.0)  # several route attempts each
+        # each intruder's route attempts have been refused by every member (its log says so), then no route
+        for name in names:
+            log = wait_refusals(tmp_path / name / "server.log")
+            assert "Authentication Failure" in log or "authentication error" in log, log[-3000:]
+            assert "TLS" in log and "handshake" in log.lower(), log[-3000:]
         assert routez(wrong) == [] and routez(plain) == []
         for monitor in monitors:
             assert set(routez(monitor)) <= set(names)
-        log = (tmp_path / "nats-0" / "server.log").read_text()
-        assert "Authentication Failure" in log or "authentication error" in log
-        assert "TLS" in log and "handshake" in log.lower()
     finally:
         for proc, log in procs:
             proc.terminate()
