@@ -17,7 +17,8 @@ events; ``bookmark()`` sends a BOOKMARK to every watcher that allowed them; ``ex
 event history so a watch from an older resourceVersion is answered 410 Gone (``gone_as_event``
 chooses an ERROR event in a 200 stream instead of an HTTP 410); ``drop_watches()`` cuts every open
 watch connection mid-stream; ``fail_watches(n, status)`` and ``fail_bindings(n, status)`` answer the
-next n requests with an error. ``requests`` records every request (time, method, path, query).
+next n requests with an error; ``hold_bindings(n)`` keeps the next n binding requests unanswered until
+``release_bindings()``. ``requests`` records every request (time, method, path, query).
 
 The JSON builders live in ``testing_k8s_objects`` (re-exported here); the HTTP handler is at the end of
 this module.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -53,6 +55,9 @@ class StandInApiServer:
         self.requests: list[Request] = []
         self._fail_watches: list[tuple[int, str]] = []  # (status, plural or "" = any)
         self._fail_bindings: list[int] = []
+        self._holds = 0  # binding requests still to hold
+        self._held = 0  # binding requests waiting for release_bindings()
+        self._release = threading.Event()
         self._drop_generation = 0
         self._gone_generation = 0
         self._cond = threading.Condition()
@@ -68,7 +73,7 @@ class StandInApiServer:
         class Handler(_Handler):
             standin = server
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd = _Server(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
                                         name="standin-apiserver", daemon=True)
@@ -76,6 +81,7 @@ class StandInApiServer:
         return self
 
     def stop(self) -> None:
+        self._release.set()  # held bindings end
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
@@ -184,6 +190,31 @@ class StandInApiServer:
         with self._cond:
             self._fail_bindings.extend([status] * n)
 
+    def hold_bindings(self, n: int) -> None:
+        """Keep the next ``n`` binding requests unanswered (before anything else is done with them) until
+        ``release_bindings()``; ``held`` says how many wait."""
+        with self._cond:
+            self._holds += n
+            self._release.clear()
+
+    def release_bindings(self) -> None:
+        self._release.set()
+
+    @property
+    def held(self) -> int:
+        with self._cond:
+            return self._held
+
+    def _hold(self) -> None:
+        with self._cond:
+            if not self._holds:
+                return
+            self._holds -= 1
+            self._held += 1
+        self._release.wait(30.0)
+        with self._cond:
+            self._held -= 1
+
     def watch_requests(self, plural: str) -> list[Request]:
         with self._cond:
             return [r for r in self.requests if r.path == f"/api/v1/{plural}" and _truthy(r.query.get("watch"))]
@@ -200,6 +231,13 @@ class StandInApiServer:
 # --- the HTTP handler ------------------------------------------------------------------------------
 # ``StandInApiServer.start`` subclasses ``_Handler`` with ``standin`` set to the server whose state it
 # serves: lists, chunked watch streams, single pods and bindings, as described in the module docstring.
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away (a killed test client, a held request answered late) is not an error here."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -355,6 +393,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(404, status_json(404, "NotFound", f"the stand-in does not serve POST {path}"))
             return
         key = f"{ns}/{name}"
+        s._hold()
         with s._cond:
             failure = s._fail_bindings.pop(0) if s._fail_bindings else None
         if failure is not None:

@@ -1,10 +1,13 @@
 """Batch mode, the I/O shell: the second scheduler (``schedulerName: agmarl-batch-scheduler``) places its
-pending pods a batch at a time and creates their Bindings with the official ``kubernetes`` client.
+pending pods a batch at a time and creates their Bindings with the official ``kubernetes`` client, in a
+process of its own (``bindworker``: the Bindings' HTTP takes about as much CPU as deciding, and this process
+decides on one GIL).
 
 Inputs from the bus: ``PendingPod`` (published by the state-collector for pods naming the batch
 scheduler) and ``ClusterSnapshot`` (the state decisions start from). A batch closes after
 ``window_s`` or ``max_pods`` pods; ``batchcore.decide_batch`` places it jointly; every placement is
-bound through ``pods/{name}/binding``. Decisions start from the process's ``ClusterView`` (the one every
+bound through ``pods/{name}/binding`` (names Kubernetes would refuse are marked gone first, without a
+request). Decisions start from the process's ``ClusterView`` (the one every
 decider shares); bound placements stay assumed in it until the collector reports them (kube-scheduler's
 assume cache), so the next batch, the loop and the extender cannot over-commit.
 
@@ -22,7 +25,6 @@ Hooked into the inference app with ``start_batch_mode(rt, settings)`` only.
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -46,6 +48,7 @@ from agmarl_common.core.policies.base import Policy
 from agmarl_common.core.policies.registry import get_policy
 from agmarl_common.runtime.service import HandlerContext, ServiceRuntime
 from agmarl_inference.batchcore import Ledger, Placement, decide_batch
+from agmarl_inference.bindworker import BindWorker, Hello, InvalidName, check_name
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class BatchConfig:
     bind_attempts: int = 3  # tries per placement before it is released
     bind_backoff_s: float = 0.2  # wait before retry k: bind_backoff_s * 2**(k-1)
     bind_timeout_s: float = 5.0  # per Binding request
+    bind_threads: int = 8  # Bindings in flight at once in the bind worker process
     retry_s: float = 2.0  # released / unschedulable pods wait this long before the next batch
     publish_attempts: int = 3  # sends of a Decision (same Nats-Msg-Id) before it is counted unpublished
     publish_timeout_s: float = 5.0  # a Decision's PubAck is awaited this long, then it is sent again
@@ -78,48 +82,6 @@ class BatchConfig:
         if data.get("rollout_mode"):
             out["mode"] = data["rollout_mode"]
         return cls(**out)
-
-
-BINDING_PATH = "/api/v1/namespaces/{namespace}/pods/{name}/binding"
-_DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
-_NAMES = {"namespace": (re.compile(_DNS_LABEL), 63),  # a namespace is a DNS-1123 label ...
-          "pod": (re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*"), 253),  # ... pod and node names subdomains
-          "node": (re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*"), 253)}
-
-
-class InvalidName(ValueError):
-    """A namespace, pod or node name Kubernetes would never accept: no Binding can bind it."""
-
-
-def check_name(what: str, value: object) -> str:
-    pattern, longest = _NAMES[what]
-    if not isinstance(value, str) or len(value) > longest or not pattern.fullmatch(value):
-        kind = "label" if what == "namespace" else "subdomain"
-        raise InvalidName(f"invalid {what} name {value!r} (not a DNS-1123 {kind})")
-    return value
-
-
-def create_binding(api: client.CoreV1Api, namespace: str, name: str, node: str, timeout: float) -> None:
-    """POST pods/{name}/binding; raises ApiException on a non-2xx answer, ``InvalidName`` (before any
-    request) for a name Kubernetes would refuse. The request is built and sent by the official client's
-    ``ApiClient`` (``param_serialize`` and ``call_api``: its host, auth, default headers, path quoting,
-    REST layer and timeouts) as ``create_namespaced_pod_binding`` does, minus its per-call pydantic
-    validation and ``V1Binding`` models: the body is a plain dict, the names are checked here. The raw
-    answer is read, not deserialized (the API answers a ``Status``, which is no ``V1Binding``)."""
-    body = {"apiVersion": "v1", "kind": "Binding",
-            "metadata": {"name": check_name("pod", name), "namespace": check_name("namespace", namespace)},
-            "target": {"apiVersion": "v1", "kind": "Node", "name": check_name("node", node)}}
-    ac = api.api_client
-    request = ac.param_serialize("POST", BINDING_PATH, path_params={"namespace": namespace, "name": name},
-                                 header_params={"Accept": "application/json", "Content-Type": "application/json"},
-                                 body=body, auth_settings=["BearerToken"])
-    resp = ac.call_api(*request, _request_timeout=timeout)
-    try:
-        resp.read()
-    finally:
-        resp.response.release_conn()
-    if not 200 <= resp.status <= 299:
-        raise ApiException.from_response(http_resp=resp, body=None, data=None)
 
 
 @dataclass
@@ -210,9 +172,9 @@ class DecisionOutbox:
 
 
 class BatchBinder:
-    def __init__(self, rt: ServiceRuntime, cfg: BatchConfig, cluster: str, api: client.CoreV1Api,
+    def __init__(self, rt: ServiceRuntime, cfg: BatchConfig, cluster: str, hello: Hello,
                  policy: Callable[[], Policy], clock: Callable[[], float] = time.time, view: ClusterView | None = None):
-        self.rt, self.cfg, self.cluster, self.api, self.policy, self.clock = rt, cfg, cluster, api, policy, clock
+        self.rt, self.cfg, self.cluster, self.policy, self.clock = rt, cfg, cluster, policy, clock
         self.ledger = Ledger()
         # the shared cluster view (inference's replica); alone (tests) the binder keeps its own from snapshots
         self.own_view = view is None
@@ -230,6 +192,10 @@ class BatchBinder:
                                   registry=reg)
         self.outbox = DecisionOutbox(rt, self.results, cfg.publish_attempts, cfg.publish_timeout_s,
                                      cfg.bind_backoff_s)
+        self.worker_restarts = Counter("agmarl_batch_bind_worker_restarts_total",
+                                       "Bind worker processes that ended unexpectedly and were started again",
+                                       registry=reg)
+        self.worker = BindWorker(hello, rt.log, on_restart=lambda code: self.worker_restarts.inc())
 
     # --- inputs ---------------------------------------------------------------------------------
 
@@ -278,11 +244,14 @@ class BatchBinder:
     # --- the loop -------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Forever: wait for due pods, let the window fill, decide the batch, start its bindings."""
+        """Start the bind worker (raises if it cannot start), then forever: wait for due pods, let the window
+        fill, decide the batch, start its bindings."""
+        await self.worker.start()
         while True:
             if self.state is not None and self.ledger.n_due(self.clock()):
                 await self._fill_window()
                 await self.run_batch()
+                await asyncio.sleep(0)  # one turn of the loop: answers, Decisions and new pods get in
                 continue
             await self._idle()
 
@@ -318,7 +287,13 @@ class BatchBinder:
         self.batches += 1
         batch_id = f"{self.batches}-{int(now * 1000)}"
         policy = self.policy()
-        placements, _ = decide_batch(pods, self.decision_state(), policy)
+        before = self.decision_state()
+        placements, after = decide_batch(pods, before, policy)
+        # assumed at once, before any await: the view takes the arbiter's final state (no second bind per pod)
+        placed = [(pl.pod, pl.node, tuple(pl.gpus)) for pl in placements if pl.node]
+        if not self.view.assume_decided(before, after, placed, now):
+            for pod, node, gpus in placed:
+                self.view.assume(pod, node, gpus, now)
         for pl in placements:
             key = pl.pod.key
             if not pl.node:
@@ -329,22 +304,29 @@ class BatchBinder:
                     await self._publish(pl, policy, batch_id, len(placements), 0, pl.reason)
                 continue
             self.ledger.binding(key, pl.node)
-            self.view.assume(pl.pod, pl.node, tuple(pl.gpus), now)
-            task = asyncio.get_running_loop().create_task(self._bind(pl, policy, batch_id, len(placements)))
+            if (bad := invalid_name(pl)) is not None:  # the API server would refuse it on every try
+                self._give_up(key, "gone", bad)
+                continue
+            first = self.worker.submit(pl.pod.namespace, pl.pod.name, pl.node)
+            task = asyncio.get_running_loop().create_task(self._bind(pl, policy, batch_id, len(placements), first))
             self.inflight.add(task)
             task.add_done_callback(self.inflight.discard)
+        self.worker.flush()  # the batch's Bindings leave now, while the next batch is decided
         self._update_gauge()
         return placements
 
-    async def _bind(self, pl: Placement, policy: Policy, batch_id: str, size: int) -> None:
+    async def _bind(self, pl: Placement, policy: Policy, batch_id: str, size: int, first: asyncio.Future) -> None:
+        """Follow the Binding of ``pl`` (``first``: its first request, already asked of the bind worker) to its
+        end: bound, retried, released or gone."""
         key, ns, name = pl.pod.key, pl.pod.namespace, pl.pod.name
+        request: asyncio.Future | None = first
         try:
             while True:
                 try:
-                    await asyncio.to_thread(create_binding, self.api, ns, name, pl.node, self.cfg.bind_timeout_s)
-                except InvalidName as exc:  # the API server would refuse it on every try
-                    self._give_up(key, "gone", str(exc))
-                    return
+                    if request is None:
+                        request = self.worker.submit(ns, name, pl.node)
+                    answer, request = request, None
+                    BindWorker.check(await answer)  # posted by the bind worker process
                 except ApiException as exc:
                     why = f"HTTP {exc.status} {exc.reason}".strip()
                     if exc.status == 404:
@@ -354,7 +336,7 @@ class BatchBinder:
                         self._give_up(key, "release", f"conflict: {why}")
                         await self._publish(pl, policy, batch_id, size, 1, f"binding conflict: {why}", released=True)
                         return
-                except Exception as exc:  # noqa: BLE001 - timeouts and connection errors come in many types
+                except Exception as exc:  # noqa: BLE001 - timeouts, connection errors, WorkerGone
                     why = f"{type(exc).__name__}: {exc}"
                 else:
                     await self._bound(pl, policy, batch_id, size)
@@ -429,17 +411,33 @@ class BatchBinder:
         await self.outbox.send(out)
 
     async def stop(self) -> None:
-        """Stop deciding, cancel bindings in flight (their pods go back to the queue: never lost), then wait
-        for the PubAcks of the Decisions already sent (at most ``publish_timeout_s``). Runs at the service's
-        shutdown (``rt.on_stop``); calling it again does nothing more."""
+        """Stop deciding; let the Bindings in flight finish (at most ``bind_timeout_s``: their pods end bound or
+        released as the API answers), cancel what is left (those pods go back to the queue: never lost), end
+        the bind worker once it answered what it holds, then wait for the PubAcks of the Decisions already sent
+        (at most ``publish_timeout_s``). Runs at the service's shutdown (``rt.on_stop``); calling it again does
+        nothing more."""
         if self.loop_task is not None:
             self.loop_task.cancel()
+        if self.inflight:
+            await asyncio.wait(list(self.inflight), timeout=self.cfg.bind_timeout_s)
         for task in list(self.inflight):
             task.cancel()
         if self.inflight:
             await asyncio.wait(list(self.inflight), timeout=5.0)
+        await self.worker.close(self.cfg.bind_timeout_s)
         await self.outbox.drain(self.cfg.publish_timeout_s)
         self.outbox.close()
+
+
+def invalid_name(pl: Placement) -> str | None:
+    """Why Kubernetes would refuse a Binding of ``pl`` (its namespace, pod or node name), or None."""
+    try:
+        check_name("namespace", pl.pod.namespace)
+        check_name("pod", pl.pod.name)
+        check_name("node", pl.node)
+    except InvalidName as exc:
+        return str(exc)
+    return None
 
 
 def start_batch_mode(rt: ServiceRuntime, settings: Any, policy: Callable[[], Policy] | None = None,
@@ -452,8 +450,13 @@ def start_batch_mode(rt: ServiceRuntime, settings: Any, policy: Callable[[], Pol
     if policy is None:
         fixed = get_policy(settings.baseline_policy)
         policy = lambda: fixed  # noqa: E731
-    api = client.CoreV1Api(api_client or load_api_client(cfg.kubeconfig, cfg.kube_context))
-    binder = BatchBinder(rt, cfg, settings.cluster, api, policy, view=view)
+    # the bind worker posts the Bindings with this client's configuration, or loads the client itself from the
+    # same source (loaded here first, so that missing credentials fail the service's start)
+    configuration = api_client.configuration if api_client is not None else None
+    if api_client is None:
+        load_api_client(cfg.kubeconfig, cfg.kube_context).close()
+    hello = Hello(configuration, cfg.kubeconfig, cfg.kube_context, cfg.bind_threads, cfg.bind_timeout_s)
+    binder = BatchBinder(rt, cfg, settings.cluster, hello, policy, view=view)
     rt.handle(subjects.pending(settings.cluster), m.PendingPod, queue="inference-batch")(binder.on_pending)
     rt.handle(subjects.snapshot(settings.cluster), m.ClusterSnapshot)(binder.on_snapshot)
     binder.loop_task = rt.spawn(binder.run(), name="batch-binder")

@@ -20,7 +20,8 @@ from agmarl_common.core.cluster.specs import AGMARL_BATCH_SCHEDULER, AGMARL_SCHE
 from agmarl_common.core.policies.registry import get_policy
 from agmarl_common.runtime.service import ServiceRuntime
 from agmarl_testing.k8s_api import StandInApiServer, node_json, pod_json
-from agmarl_inference.batch import BatchConfig, InvalidName, create_binding, start_batch_mode
+from agmarl_inference.batch import BatchConfig, start_batch_mode
+from agmarl_inference.bindworker import InvalidName, create_binding
 from agmarl_inference.batchcore import Ledger, batch_order, decide_batch
 from agmarl_inference.settings import InferenceSettings
 
@@ -423,3 +424,48 @@ def test_create_binding_reads_the_status_answer_and_raises_on_errors():
             with pytest.raises(InvalidName):
                 create_binding(api, namespace, name, node, 2.0)
         assert len([r for r in standin.requests if r.method == "POST"]) == posts  # refused before any request
+
+
+# --- the bind worker process under the binder ------------------------------------------------------
+
+async def test_bind_worker_that_dies_with_a_binding_in_flight_is_replaced_and_the_pod_bound(harness):
+    """The worker process ends while the API holds its Binding: the Binding counts as a failed attempt,
+    a new worker is started (counted) and the retry through it binds the pod."""
+    binder, standin = harness.binder, harness.standin
+    assert await until(lambda: binder.worker.alive)
+    first = binder.worker.proc
+    standin.hold_bindings(1)
+    p = pod("orphan", 1000)
+    await harness.snapshot([p])
+    await harness.offer([p])
+    assert await until(lambda: standin.held == 1)
+    first.kill()
+    led = binder.ledger
+    assert await until(lambda: led.entries["default/orphan"].status == "bound")
+    e = led.entries["default/orphan"]
+    assert any("WorkerGone" in h for h in e.history) and e.releases == 0
+    assert binder.worker_restarts._value.get() == 1 and binder.worker.proc.pid != first.pid
+    assert bound_nodes(standin) == {"default/orphan": "a"}  # by the retry; the held request is still held
+    assert await until(lambda: len(harness.decisions) == 1)
+    assert harness.decisions[0].explanation["bind_attempts"] == 2
+    standin.release_bindings()
+
+
+async def test_stop_lets_the_bindings_in_flight_finish(harness):
+    """stop() drains: a Binding the API is still answering ends bound (not cancelled back to the queue), its
+    Decision is published, and the worker process exits by itself."""
+    binder, standin = harness.binder, harness.standin
+    standin.hold_bindings(1)
+    p = pod("draining", 1000)
+    await harness.snapshot([p])
+    await harness.offer([p])
+    assert await until(lambda: standin.held == 1)
+    stopping = asyncio.create_task(binder.stop())
+    assert await until(lambda: binder.loop_task.done())
+    assert not stopping.done()
+    standin.release_bindings()
+    await asyncio.wait_for(stopping, 10.0)
+    assert binder.ledger.entries["default/draining"].status == "bound"
+    assert bound_nodes(standin) == {"default/draining": "a"}
+    assert published(binder) == 1
+    assert binder.worker.proc.returncode == 0

@@ -134,3 +134,27 @@ def test_a_refused_bind_forgets_only_the_assumption_it_refused():
     assert v.is_assumed(p.key) and usage(v.state)[0] == 1000
     ch.apply(v, [ch.rejected_change(p.key, "a")])
     assert not v.is_assumed(p.key) and usage(v.state)[0] == 0
+
+
+def test_a_joint_decisions_final_state_is_assumed_as_one_by_one():
+    """assume_decided takes the state a batch decision ended in: the same view as assuming its pods one by
+    one, forgettable one by one; refused when the view moved since the decision."""
+    p, q, r = Pod("p", 1000, 100), Pod("q", 500, 100, num_gpu=1, gpu_milli=500), Pod("r", 300, 100)
+    placed = [(p, "a", ()), (q, "b", (1,)), (r, "a", ())]
+    one, joint = ClusterView(), ClusterView()
+    for v in (one, joint):
+        v.apply_snapshot("e", 1, observed())
+    for pod, node, gpus in placed:
+        one.assume(pod, node, gpus, now=2.0)
+    before = joint.state
+    after = before
+    for pod, node, gpus in placed:
+        after = bind(after, pod, before.index[node], gpus)
+    assert joint.assume_decided(before, after, placed, now=2.0)
+    assert joint.state is after and joint.where == one.where and joint.assumed == one.assumed
+    for a in ("cpu_used", "mem_used", "pods_used", "gpu_used"):
+        assert np.array_equal(getattr(joint.state, a), getattr(one.state, a))
+    assert [[x.key for x in b] for b in joint.state.bound] == [[x.key for x in b] for b in one.state.bound]
+    assert joint.forget(q.key) and usage(joint.state) == [1300, 0, 0] and joint.state.gpu_used[1].sum() == 0
+    assert not joint.assume_decided(before, after, placed, now=3.0)  # the view moved on: nothing changed
+    assert usage(joint.state) == [1300, 0, 0] and q.key not in joint.where

@@ -153,6 +153,24 @@ class ClusterView:
         self.version += 1
         return True
 
+    def assume_decided(self, before: ClusterState, after: ClusterState,
+                       placed: list[tuple[Pod, str, tuple[int, ...]]], now: float) -> bool:
+        """A joint decision made on ``before`` whose result ``after`` is ``before`` with each of ``placed``
+        (pod, node, gpus) bound in that order (``batchcore.decide_batch``'s final state): take ``after`` and
+        assume them all, the same view as ``assume`` one by one without binding each pod again. False, and
+        nothing changed, when the view is no longer at ``before`` or a pod is in the view already or its node
+        unknown (then ``assume`` them one by one)."""
+        if self.state is None or self.state is not before or len(after.nodes) != len(before.nodes):
+            return False
+        if any(pod.key in self.where or node not in before.index for pod, node, _ in placed):
+            return False
+        self.state = after
+        for pod, node, gpus in placed:
+            self.where[pod.key] = before.index[node]
+            self.assumed[pod.key] = Assumed(pod, node, tuple(gpus), now)
+        self.version += 1
+        return True
+
     def forget(self, pod_key: str, node: str = "") -> bool:
         """An assumed pod's bind (to ``node``; "" = wherever) failed: give its resources back. Observed pods,
         and a pod assumed on another node than the refused one, are left alone."""
