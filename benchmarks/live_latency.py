@@ -44,6 +44,9 @@ from agmarl_common.runtime.bus import Bus
 from agmarl_common.runtime.natsserver import NatsServer
 from agmarl_testing.fixtures import wait_healthy
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import live_timeline  # noqa: E402 - the benchmark's own probe (--timeline), next to this file
+
 ROOT = Path(__file__).resolve().parents[1]
 SERVICES = ("graph-builder", "inference", "state-collector")
 
@@ -56,6 +59,17 @@ def cpu_seconds(pid: int, tid: int | None = None) -> float:
     except OSError:
         return float("nan")
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_delay_seconds(pid: int) -> float:
+    """Time the process's threads spent runnable, waiting for a core, so far (Linux schedstat; nan elsewhere)."""
+    total = 0.0
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            total += int((task / "schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+    return total
 
 
 def pct(values: list[float], q: float) -> float:
@@ -77,10 +91,18 @@ async def run(args: argparse.Namespace) -> dict:
            "AGMARL_LOG_LEVEL": "WARNING"}
     procs = {}
     bus = None
+    probes = work / "timeline"
+    probes.mkdir()
+    arrivals: list[tuple[float, str, float]] = []  # (arrival, trace id, seen_at) of the measured decisions
+
+    def start(service: str) -> subprocess.Popen:
+        module = "agmarl_" + service.replace("-", "_")
+        cmd = live_timeline.probed_command(module, str(probes)) if args.timeline else [sys.executable, "-m", module]
+        return subprocess.Popen(cmd, env=env, stdout=open(work / f"{service}.log", "w"), stderr=subprocess.STDOUT)
+
     try:
         for s in SERVICES[:2]:  # the collector last: it starts announcing at once
-            procs[s] = subprocess.Popen([sys.executable, "-m", "agmarl_" + s.replace("-", "_")], env=env,
-                                        stdout=open(work / f"{s}.log", "w"), stderr=subprocess.STDOUT)
+            procs[s] = start(s)
         bus = await Bus.connect(ns.url, name="bench-live-latency")
         for s in SERVICES[:2]:
             await wait_healthy(bus, s, timeout=120)
@@ -97,13 +119,19 @@ async def run(args: argparse.Namespace) -> dict:
             pids.update({"nats-server": ns.pid, "benchmark": os.getpid()})
             return {s: cpu_seconds(pid) for s, pid in pids.items() if pid}
 
+        def waits() -> dict[str, float]:
+            """Run-queue wait so far of every process of the path, inference included."""
+            pids = {s: p.pid for s, p in procs.items()}
+            pids.update({"nats-server": ns.pid, "benchmark": os.getpid()})
+            return {s: run_delay_seconds(pid) for s, pid in pids.items() if pid}
+
         async def on_decision(msg) -> None:
             at = time.time()
             got.append((at, m.decode(m.Decision, msg.data)))
             if len(got) == args.warmup:
                 pid = procs["inference"].pid
                 cpu["start"], cpu["loop_start"] = cpu_seconds(pid), cpu_seconds(pid, pid)
-                cpu["others_start"] = others_cpu()
+                cpu["others_start"], cpu["wait_start"] = others_cpu(), waits()
                 if args.profile:  # py-spy over the measured decisions (it samples from outside the process)
                     profiler.append(subprocess.Popen(
                         [str(Path(sys.executable).parent / "py-spy"), "record", "-p", str(procs["inference"].pid),
@@ -113,21 +141,20 @@ async def run(args: argparse.Namespace) -> dict:
             if len(got) >= args.warmup + args.pods and not done.is_set():
                 pid = procs["inference"].pid
                 cpu["end"], cpu["loop_end"] = cpu_seconds(pid), cpu_seconds(pid, pid)
-                cpu["others_end"] = others_cpu()
+                cpu["others_end"], cpu["wait_end"] = others_cpu(), waits()
                 done.set()
 
         js = bus.nc.jetstream()
         await js.subscribe(subjects.decision_wildcard(cluster), cb=on_decision, ordered_consumer=True,
                            deliver_policy=DeliverPolicy.NEW)
-        procs["state-collector"] = subprocess.Popen([sys.executable, "-m", "agmarl_state_collector"], env=env,
-                                                    stdout=open(work / "state-collector.log", "w"),
-                                                    stderr=subprocess.STDOUT)
+        procs["state-collector"] = start("state-collector")
         limit = 120 + (args.warmup + args.pods) / args.rate * 3
         try:
             await asyncio.wait_for(done.wait(), timeout=limit)
         except asyncio.TimeoutError:
             print(f"only {len(got)} decisions within {limit:.0f} s", file=sys.stderr)
         measured = got[args.warmup:args.warmup + args.pods]
+        arrivals.extend((at, d.trace_id, d.seen_at) for at, d in measured)
         e2e = [1000 * (at - d.seen_at) for at, d in measured]
         own = [1000 * (d.decided_at - d.seen_at) for _, d in measured]
         span = (measured[-1][0] - measured[0][0]) if len(measured) > 1 else float("nan")
@@ -143,6 +170,9 @@ async def run(args: argparse.Namespace) -> dict:
                "others_cpu_ms_per_decision": {
                    s: 1000 * (cpu["others_end"][s] - t) / len(measured) for s, t in cpu["others_start"].items()
                    if s in cpu["others_end"]} if "others_end" in cpu and measured else {},
+               "run_queue_wait_ms_per_decision": {
+                   s: 1000 * (cpu["wait_end"][s] - t) / len(measured) for s, t in cpu["wait_start"].items()
+                   if s in cpu["wait_end"]} if "wait_end" in cpu and measured else {},
                "load_avg_1m": {"start": load_start, "end": os.getloadavg()[0]}}
         for p in profiler:
             p.wait(timeout=limit)
@@ -159,6 +189,10 @@ async def run(args: argparse.Namespace) -> dict:
             except subprocess.TimeoutExpired:
                 p.kill()
         ns.stop()
+        if args.timeline and arrivals:
+            report = live_timeline.analyse(probes, work / "traces", arrivals)
+            live_timeline.print_report(report)
+            Path(args.timeline).write_text(json.dumps(report, indent=2))
         if args.keep:
             print(f"logs and JetStream store kept in {work}", file=sys.stderr)
         else:
@@ -181,6 +215,10 @@ def main() -> int:
     ap.add_argument("--profile", default=None,
                     help="py-spy the inference process over the measured decisions into this file (collapsed "
                          "stacks, or speedscope when it ends in .json); its sampling adds to inference's CPU")
+    ap.add_argument("--timeline", default=None,
+                    help="record each message's timeline in the services (benchmarks/live_timeline.py: socket "
+                         "reads and writes, slow event-loop callbacks, garbage collections) and write where the "
+                         "slowest 1 %% of decisions spent their time to this JSON file")
     args = ap.parse_args()
     out = asyncio.run(run(args))
     lat, own = out["latency_ms"], out["inference_ms"]
@@ -191,6 +229,8 @@ def main() -> int:
           f"{out['inference_cpu_ms_per_decision']:.2f} ms per decision (event-loop thread "
           f"{out['inference_loop_cpu_ms_per_decision']:.2f}; the others: "
           + ", ".join(f"{s} {v:.2f}" for s, v in out["others_cpu_ms_per_decision"].items())
+          + "; run-queue wait per decision: "
+          + ", ".join(f"{s} {v:.2f}" for s, v in out["run_queue_wait_ms_per_decision"].items())
           + f"); load {out['load_avg_1m']['start']:.2f} -> "
           f"{out['load_avg_1m']['end']:.2f}")
     if args.json:

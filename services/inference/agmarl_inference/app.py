@@ -5,7 +5,6 @@ policy chosen by the adaptive-engine through the KV store."""
 from __future__ import annotations
 
 import asyncio
-import gc
 import time
 import uuid
 
@@ -19,6 +18,7 @@ from agmarl_common.kube.convert import parse_label_selector
 from agmarl_common.core.policies.base import brief
 from agmarl_common.core.policies.registry import get_policy
 from agmarl_common.core.sim import catalog
+from agmarl_common.runtime.heap import settle
 from agmarl_common.runtime.metrics import Children
 from agmarl_common.runtime.service import HandlerContext, ServiceRuntime
 from agmarl_common.runtime.settings import load_settings
@@ -202,6 +202,11 @@ class InferenceApp:
         task.add_done_callback(self._unacked.discard)
         self.view_changed.set()
         self.latency.observe(max(0.0, decided_at - msg.seen_at))
+        # one turn of the loop for the publish task to hand the decision to the connection: its flusher then
+        # writes it before this subscription takes its next pod. Without it, pods read off the socket together
+        # (after any stall) were decided back to back while each decision waited in the client's buffer for
+        # the next decision to end
+        await asyncio.sleep(0)
 
     async def on_graph(self, msg: m.GraphUpdate, ctx: HandlerContext) -> None:
         before = self.view.state
@@ -231,6 +236,14 @@ class InferenceApp:
             except Exception:  # noqa: BLE001 - an optimisation: the next decision does the work itself
                 self.rt.log.exception("policy %s: prepare failed", policy.name)
             done = (policy, state)
+
+    async def settle_when_warm(self) -> None:
+        """Once the first full cluster view and the selected policy are in: out of full collections too (the
+        view holds every node and bound pod: each full collection scanning them stalled the loop ~10 ms)."""
+        await self.replica.ready.wait()
+        await self.selection_loaded.wait()
+        took = settle()
+        self.rt.log.info("heap settled after the first view (%.0f ms)", 1000 * took)
 
     async def _publish(self, ctx: HandlerContext, decision: m.Decision, pod, policy: str, result: str) -> None:
         """Publish one decision to the DECISIONS stream and wait for its acknowledgement. A decision JetStream
@@ -298,7 +311,8 @@ async def main() -> int:
     await app.models.start()
     await start_extender(rt, extender, settings)
     # Everything that exists now (modules, FastAPI, pydantic schemas, OTel, NATS) lives as long as the
-    # process: out of full collections, a gen-2 pause scans only newer objects (40-120 ms -> a few ms).
-    gc.collect()
-    gc.freeze()
+    # process: out of full collections, a gen-2 pause scans only newer objects (40-120 ms -> a few ms); the
+    # cluster view and the policy's model follow once they are in (settle_when_warm)
+    settle()
+    rt.spawn(app.settle_when_warm(), name="heap-settle")
     return await rt.run_until_stopped()

@@ -157,3 +157,42 @@ async def test_a_graph_update_that_leaves_the_view_as_it_was_is_not_prepared_aga
         loop.cancel()
         await app.flush_decisions()
         await rt.shutdown()
+
+
+async def test_a_decision_is_written_before_the_next_queued_pod_is_decided(nats_url, tmp_path):
+    """Pods read off the socket together (after a stall, say) are queued in the subscription at once: each
+    decision's publish is written to the connection before the next queued pod's decision starts, not held in
+    the client's buffer until that decision ends."""
+    from nats.aio.msg import Msg
+
+    cluster = f"loop{uuid.uuid4().hex[:8]}"
+    settings = InferenceSettings(nats_url=nats_url, cluster=cluster, trace_dir=str(tmp_path))
+    rt = ServiceRuntime(f"inference-{cluster}", settings)
+    app = InferenceApp(rt, settings)
+    rt.handle(subjects.pending(cluster), m.PendingPod)(app.on_pending)
+    await rt.start()
+    app.view.apply_snapshot("e1", 1, ClusterState.empty([Node(f"n{k}", 4000, 4000) for k in range(4)]))
+    unsent: dict[str, int] = {}  # pod name -> bytes the client still held unwritten when its decision started
+    score = app.policy.score
+
+    def recording(pod, state, idx):
+        unsent[pod.name] = rt.bus.nc.pending_data_size
+        return score(pod, state, idx)
+
+    app.policy.score = recording
+    try:
+        await rt.bus.ensure_streams()
+        await app.on_pending(pending(cluster, 0), context(rt))  # the connection's request inbox exists now
+        await app.flush_decisions()
+        sub = next(s for s in rt._subscriptions if s.subject == subjects.pending(cluster))
+        for k in (1, 2):  # two pods queued at once, as one read of the socket parses them
+            sub._pending_queue.put_nowait(Msg(rt.bus.nc, subject=subjects.pending(cluster),
+                                              data=m.encode(pending(cluster, k)), _sid=sub._id))
+        assert await until(lambda: app.seq == 3)
+        assert unsent["p2"] == 0  # p1's decision was on the wire before p2's decision began
+        await app.flush_decisions()
+        assert app.decisions.labels(policy=app.policy.name, mode="full", source="loop",
+                                    result="scheduled")._value.get() == 3
+    finally:
+        del app.policy.score
+        await rt.shutdown()

@@ -13,6 +13,11 @@ cluster lives in this process: a decision announced by an earlier collector (its
 this one started) was made for a cluster that is gone and is acked without being applied (counted as
 ``agmarl_decisions_foreign_total``), even when a pod of the new run has the same name.
 
+A snapshot's compact state and encoding (~0.1 s for 1,523 nodes and 3,000 bound pods) are built in a worker
+thread while the loop goes on announcing pods on time (on the loop they stalled it, and the pods due meanwhile
+went out in one burst); a decision waits until the snapshot is published, so that no event numbered after it
+overtakes it.
+
 A decision's outcome event (``pod_bound``, ``bind_rejected``) is stored in the EVENTS stream (a JetStream
 publish, ``Nats-Msg-Id`` = epoch and sequence number) before the decision is acked: the reward-calculator
 learns from EVENTS which decisions were bound, so an outcome must not be lost with a NATS crash. A store that
@@ -35,12 +40,13 @@ from agmarl_common.runtime import subjects
 from agmarl_common.core.cluster.filters import violations
 from agmarl_common.core.cluster.model import to_dict
 from agmarl_common.core.reward import balance_std, utilisation_by_resource
+from agmarl_common.runtime.heap import settle
 from agmarl_common.runtime.service import HandlerContext, ServiceRuntime
 from agmarl_common.runtime.settings import load_settings
 from agmarl_state_collector.settings import CollectorSettings
 from agmarl_state_collector.replay import InflationReplay
 from agmarl_state_collector.simsource import SimulatedCluster, paced
-from agmarl_state_collector.snapshots import SnapshotPublisher, snapshot_message
+from agmarl_state_collector.snapshots import SnapshotPublisher, built_snapshot
 
 SERVICE = "state-collector"
 OUTCOMES = ("pod_bound", "bind_rejected")  # the events that settle a decision: stored before it is acked
@@ -56,15 +62,18 @@ class CollectorApp:
         self.started_at = time.time()  # every pod this process announces is seen at or after this
         self.seq = 0  # one sequence for events and snapshots (a snapshot includes every event before it)
         self.last_snapshot = float("-inf")
-        self.snapshot_cost = 0.0  # seconds the last snapshot took to build and publish
+        self.snapshot_cost = 0.0  # CPU seconds the last snapshot took to build and publish
+        self.snapshot_idle = asyncio.Event()  # cleared while a snapshot is built: decisions wait for it
+        self.snapshot_idle.set()
         self.finished = False  # a trace replay has decided every pod
         self.paced = isinstance(sim, SimulatedCluster)  # a trace replay announces by its own rate, at once
         self.announced = 0  # PendingPods published (in the snapshot stats: the arrival rate `agmarl up` reports)
         self.clock, self.sleep = time.monotonic, asyncio.sleep  # the pacing's (a test's fake clock)
         self.violations = 0
         self.snapshots = SnapshotPublisher(rt, settings.max_message_bytes)
-        # decision id -> (its outcome event, stored in EVENTS yet): a redelivered decision is not applied again
-        self.applied: OrderedDict[str, tuple[m.ClusterEvent, bool]] = OrderedDict()
+        # decision id -> (its outcome event until stored in EVENTS, stored yet): a redelivered decision is not
+        # applied again (a stored event is not kept: 20,000 of them made each full garbage collection slow)
+        self.applied: OrderedDict[str, tuple[m.ClusterEvent | None, bool]] = OrderedDict()
         reg = rt.registry
         self.bound_total = Counter("agmarl_pods_bound_total", "Pods bound in the cluster", registry=reg)
         self.rejected_total = Counter("agmarl_bind_rejected_total", "Decisions refused by the hard filter at bind",
@@ -92,9 +101,10 @@ class CollectorApp:
         if msg.seen_at < self.started_at:  # announced by an earlier collector, for a cluster that is gone
             self.foreign_total.inc()
             return
+        await self.snapshot_idle.wait()  # its events come after the snapshot being built
         prior = self.applied.get(msg.decision_id)
         if prior is not None:  # applied already: store its outcome if that failed, never apply it twice
-            if not prior[1]:
+            if not prior[1] and prior[0] is not None:
                 await self.store_outcome(prior[0], ctx.publish)
             self.stale_total.inc()
             return
@@ -157,7 +167,7 @@ class CollectorApp:
                 self.rt.log.warning("storing the %s event of decision %s failed (%s: %s); retrying", event.type,
                                     event.decision_id, type(exc).__name__, exc)
                 await asyncio.sleep(0.5)
-        self.applied[event.decision_id] = (event, True)
+        self.applied[event.decision_id] = (None, True)
 
     async def sim_progress(self) -> None:
         """After a decision: announce what is due now (a trace replay's next pod), and finish a replay."""
@@ -206,15 +216,18 @@ class CollectorApp:
         # taken before the first await: a decision handled meanwhile (sim_progress) must not announce them at once
         due = paced(self.sim.due(time.time()), since, s.sim_time_scale) if self.paced else []
         try:  # taken due, they are announced whatever happens here (else not before 10 retry periods)
+            if events:
+                await self.snapshot_idle.wait()  # numbered after the snapshot being built
             for ev in events:
                 if ev.type == "pod_bound":
                     continue  # published when the decision is applied
                 await self.publish_event(ev.type, ev.pod_key, ev.node, ev.reason, at=ev.time)
             budget = self.snapshot_cost / s.snapshot_cpu_share if s.snapshot_cpu_share > 0 else 0.0
-            if time.monotonic() - self.last_snapshot >= max(s.snapshot_seconds, budget):
+            if self.snapshot_idle.is_set() and time.monotonic() - self.last_snapshot >= max(s.snapshot_seconds,
+                                                                                             budget):
                 self.last_snapshot = time.monotonic()
-                await self.publish_snapshot()
-                self.snapshot_cost = time.monotonic() - self.last_snapshot
+                self.snapshot_idle.clear()  # now: a decision handled before the task starts waits for it too
+                self.rt.spawn(self.publish_snapshot(), name="snapshot")
         except Exception:  # noqa: BLE001 - the loop must survive a bad tick; the log has the traceback
             self.rt.log.exception("tick failed")
         if not self.paced:
@@ -222,6 +235,16 @@ class CollectorApp:
         return due
 
     async def publish_snapshot(self) -> None:
+        """The cluster's snapshot, numbered after every event published so far; its compact state and encoding
+        are built in a worker thread (the state is immutable) while decisions wait (``snapshot_idle``)."""
+        self.snapshot_idle.clear()
+        try:
+            await self._publish_snapshot()
+        finally:
+            self.snapshot_idle.set()
+
+    async def _publish_snapshot(self) -> None:
+        began = time.thread_time()
         state = self.sim.state
         cluster = state.cluster
         self.seq += 1
@@ -239,8 +262,13 @@ class CollectorApp:
         self.pending_gauge.set(stats["pending"])
         self.sched_pending.labels(queue="active").set(stats["pending"])
         self.violations_gauge.set(len(found))
-        await self.snapshots.publish(snapshot_message(self.settings.cluster, self.seq, state.time, cluster,
-                                                      state.pending_pods(), stats, self.epoch))
+        pending = state.pending_pods()
+        loop_cpu = time.thread_time() - began
+        msg, data, cpu = await asyncio.to_thread(built_snapshot, self.settings.cluster, self.seq, state.time, cluster,
+                                                 pending, stats, self.epoch)
+        began = time.thread_time()
+        await self.snapshots.publish(msg, data)
+        self.snapshot_cost = loop_cpu + cpu + time.thread_time() - began
 
     async def run_loop(self) -> None:
         """Tick forever; the runtime cancels this task at shutdown."""
@@ -293,6 +321,7 @@ async def main() -> int:
                      subjects.durable(SERVICE, settings.cluster), m.Decision, ack_wait=settings.decision_ack_wait,
                      deliver_new=True)(app.on_decision)
     await rt.start()
+    settle()  # the source's cluster and pod list live as long as the process: out of full collections
     # EVENTS keeps the bind outcomes (pod_bound, bind_rejected): a restarted reward-calculator reads them back
     rt.spawn(rt.bus.ensure_stream(subjects.EVENTS), name="ensure-events")
     rt.spawn(app.run_loop(), name="simulator-loop")

@@ -91,10 +91,13 @@ class InflationReplay:
         """The next arrivals: while fewer than ``in_flight`` wait for a decision (and, with a ``rate``,
         no faster than ``rate`` pods per second)."""
         out = []
-        for key, pod in self.state.pending.items():
-            if now - max(self.announced_at.get(key, now), self.last_decision) > self.retry_s:
-                self.announced_at[key] = now
-                out.append(pod)
+        # a pod waiting is announced again only once no decision at all came for ``retry_s``: while decisions
+        # come, none is, and the pods waiting are not looked at (at 100 pods/s behind a slow decider, hundreds)
+        if now - self.last_decision > self.retry_s:
+            for key, pod in self.state.pending.items():
+                if now - max(self.announced_at.get(key, now), self.last_decision) > self.retry_s:
+                    self.announced_at[key] = now
+                    out.append(pod)
         # until the first decision arrives nobody may be listening: one pod at a time, and the rate's clock
         # starts with that decision (pods announced to nobody would be decided late, out of order)
         limit = self.in_flight if self.started_at is not None else 1
@@ -120,6 +123,7 @@ class InflationReplay:
     def unschedulable(self, pod_key: str, now: float) -> None:
         self._decided(now)
         if self.state.pending.pop(pod_key, None) is not None:
+            self.announced_at.pop(pod_key, None)
             self.node_of[pod_key] = -1
             self.state.counters.failed += 1
 
@@ -141,6 +145,7 @@ class InflationReplay:
             return BindOutcome(False, f"GPU devices {gpus} do not fit")
         self.state.cluster = bind(cluster, pod, i, tuple(gpus or ()))
         del self.state.pending[pod_key]
+        self.announced_at.pop(pod_key, None)
         self.node_of[pod_key] = i
         self.state.counters.bound += 1
         return BindOutcome(True)

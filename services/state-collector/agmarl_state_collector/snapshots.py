@@ -9,6 +9,7 @@ the collector carries on with the next one.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,6 +32,15 @@ def snapshot_message(cluster: str, seq: int, time: float, state: ClusterState, p
                              pending=[to_dict(p) for p in pending], stats=stats, epoch=epoch)
 
 
+def built_snapshot(cluster: str, seq: int, at: float, state: ClusterState, pending: Sequence[Pod],
+                   stats: dict[str, float], epoch: str = "") -> tuple[m.ClusterSnapshot, bytes, float]:
+    """The snapshot, its encoding and the thread CPU seconds they took (the collector runs this in a worker
+    thread: ~0.1 s for 1,523 nodes and 3,000 bound pods)."""
+    began = time.thread_time()
+    msg = snapshot_message(cluster, seq, at, state, pending, stats, epoch)
+    return msg, m.encode(msg), time.thread_time() - began
+
+
 class SnapshotPublisher:
     """Encodes a snapshot once, checks its size, publishes it or counts and logs why not."""
 
@@ -43,9 +53,10 @@ class SnapshotPublisher:
         self.oversized_total = Counter("agmarl_snapshots_oversized_total",
                                        "Snapshots not published: encoded size over the message limit", registry=reg)
 
-    async def publish(self, msg: m.ClusterSnapshot) -> bool:
-        """Publish ``msg`` on its cluster's snapshot subject; False (counted, logged) when it is too big."""
-        data = m.encode(msg)
+    async def publish(self, msg: m.ClusterSnapshot, data: bytes | None = None) -> bool:
+        """Publish ``msg`` (``data``: its encoding, when made already) on its cluster's snapshot subject; False
+        (counted, logged) when it is too big."""
+        data = m.encode(msg) if data is None else data
         self.bytes_gauge.set(len(data))
         if len(data) > self.max_bytes:
             self.oversized += 1

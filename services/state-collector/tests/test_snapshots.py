@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -146,3 +147,72 @@ async def test_an_oversized_snapshot_is_counted_logged_and_skipped(nats_url, lar
         finally:
             await bus.close()
     assert [s.seq for s in seen] == [3]
+
+
+async def test_a_snapshot_is_built_off_the_loop_and_a_decision_meanwhile_comes_after_it(nats_url, monkeypatch):
+    """While a snapshot is built (in a worker thread) the collector goes on announcing pods; a decision that
+    arrives meanwhile is applied once the snapshot is out, its event numbered and published after it."""
+    import threading
+    from types import SimpleNamespace
+
+    from agmarl_common.core.cluster.model import Node, Pod
+    from agmarl_state_collector import app as collector_app
+    from agmarl_state_collector.replay import InflationReplay
+
+    class NoSpan:
+        def set_attribute(self, *args) -> None:
+            pass
+
+    building, release = threading.Event(), threading.Event()
+    build = collector_app.built_snapshot
+
+    def held(*args):  # a snapshot that takes as long as the test says
+        building.set()
+        assert release.wait(10.0)
+        return build(*args)
+
+    monkeypatch.setattr(collector_app, "built_snapshot", held)
+    cluster = "snapshot-off-loop"
+    settings = CollectorSettings(nats_url=nats_url, cluster=cluster)
+    rt = ServiceRuntime("state-collector", settings)
+    nodes = tuple(Node(f"n{k}", 8000, 16000, gpu_count=2, gpu_model="T4") for k in range(3))
+    pods = tuple(Pod(f"p{k}", 1000, 1000, num_gpu=1, gpu_milli=1000) for k in range(6))
+    replay = InflationReplay(nodes, pods, seed=1, in_flight=10)
+    app = CollectorApp(rt, settings, replay)
+    seen: list[tuple[str, int]] = []  # (kind, seq) in the order they reached a subscriber
+    async with rt:
+        await rt.bus.ensure_stream(subjects.EVENTS)
+        bus = await Bus.connect(nats_url, "snapshot-watcher")
+
+        async def on_msg(raw) -> None:
+            kind = raw.subject.split(".")[2]
+            msg = m.decode({"pending": m.PendingPod, "snapshot": m.ClusterSnapshot, "event": m.ClusterEvent}[kind],
+                           raw.data)
+            seen.append((kind, msg.seq))
+
+        try:
+            for subject in (subjects.pending(cluster), subjects.snapshot(cluster), subjects.event(cluster)):
+                await bus.subscribe(subject, on_msg)
+            snapshot = rt.spawn(app.publish_snapshot())
+            assert await until(building.is_set)
+            await app.tick()  # the loop is free: the tick announces the first pod while the snapshot builds
+            assert await until(lambda: [k for k, _ in seen] == ["pending"])
+            pod = replay.arrivals[0]
+            decision = m.Decision(decision_id="d-1", cluster=cluster, namespace=pod.namespace, pod_key=pod.key,
+                                  node="n0", gpus=[0], policy="fgd", mode="full", seen_at=time.time(),
+                                  decided_at=time.time())
+            applying = asyncio.get_running_loop().create_task(
+                app.on_decision(decision, SimpleNamespace(publish=rt.publish, span=NoSpan())))
+            for _ in range(20):
+                await asyncio.sleep(0)
+            assert not applying.done() and replay.is_pending(pod.key)  # it waits for the snapshot
+            release.set()
+            await asyncio.wait_for(asyncio.gather(snapshot, applying), 10.0)
+            assert not replay.is_pending(pod.key)
+            assert await until(lambda: len(seen) >= 3)
+        finally:
+            release.set()
+            await bus.close()
+    kinds = [k for k, _ in seen]
+    assert kinds[:3] == ["pending", "snapshot", "event"]
+    assert seen[2][1] > seen[1][1]  # the decision's event is numbered after the snapshot
