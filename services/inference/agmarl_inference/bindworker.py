@@ -22,7 +22,6 @@ and is started again, each time logged as an error and counted; one that cannot 
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import itertools
 import json
 import os
@@ -42,6 +41,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from agmarl_common.kube.client import load_api_client
+from agmarl_common.runtime.lifetime import die_with_parent
 
 BINDING_PATH = "/api/v1/namespaces/{namespace}/pods/{name}/binding"
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
@@ -114,21 +114,6 @@ class Hello:
 
 
 # --- the child ------------------------------------------------------------------------------------
-
-PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent(sig: int = signal.SIGTERM) -> None:
-    """Ask Linux for ``sig`` when the parent ends (elsewhere: nothing; the closing stdin still ends the child)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() == 1:  # the parent died before the call
-        os.kill(os.getpid(), sig)
-
 
 def api_from(hello: Hello) -> client.CoreV1Api:
     if hello.configuration is not None:
