@@ -26,6 +26,16 @@ same groups:
                          most GPU milli of the group on the cluster as it is; ``--pack-fitting`` also packs the
                          groups that fit by a MIP (every pod placed, fewest free devices opened, CPU kept beside
                          whole GPUs: tried, it lost);
+- ``planned:fgd``        ``SwitchPlacer(exact=True, fit=WholePlanning(...))``: ``knapsack:fgd`` whose groups that fit
+                         are placed whole by a plan: besides FGD's sequential placement, ``--fit-plans`` MIPs
+                         (``policies.packing.pack_group``) each placing every pod of the group together with the
+                         most GPU milli of an imagined future (pods drawn from the pod list, 1.0 x the GPU milli
+                         free after the group, reduced to the most common pod per GPU request), the group's pods
+                         kept where that packing puts them; the candidate after which ``--fit-evals`` other
+                         imagined futures pack the most GPU milli (first-fit-decreasing, FGD) is bound. Every
+                         candidate places every pod of the group and keeps room for as many multi-GPU pods as
+                         FGD's placement; later groups meet a different cluster, so its safety at other loads
+                         is measured (``--ratio``), not given;
 - ``optimum``            the offline ceiling (``sim.optimum``, HiGHS MIP): the most GPU milli any placement of
                          all the run's pods allocates; started from the best heuristic's final cluster,
                          ``--time-limit`` s per seed: when not proven optimal the best value found and the
@@ -54,7 +64,7 @@ import numpy as np
 from agmarl_common.core.cluster.model import ClusterState, Pod
 from agmarl_common.core.policies.fgd import FgdPolicy
 from agmarl_common.core.policies.joint import (DEFAULT_EVAL_FILL, DEFAULT_EVALS, DEFAULT_ORDERS, DEFAULT_PLAN_FILL,
-                                              DEFAULT_PLANS, JointPlacer, ScenarioPlacer, SwitchPlacer)
+                                              DEFAULT_PLANS, JointPlacer, ScenarioPlacer, SwitchPlacer, WholePlanning)
 from agmarl_common.core.policies.registry import get_policy
 from agmarl_common.core.sim import catalog
 from agmarl_common.core.sim.batches import BatchPlan, BatchResult, SequentialPlacer, apply_binds, plan_batches, run_batches
@@ -145,6 +155,8 @@ def main() -> None:
     ap.add_argument("--no-clairvoyant", action="store_true", help="leave out the clairvoyant reference")
     ap.add_argument("--overflow-weight", type=float, default=0.0, help="switch:fgd's weight of imagined futures")
     ap.add_argument("--pack-fitting", action="store_true", help="knapsack:fgd also packs the groups that fit by a MIP")
+    ap.add_argument("--fit-plans", type=int, default=2, help="planned:fgd's plans per group that fits")
+    ap.add_argument("--fit-evals", type=int, default=WholePlanning.evals, help="planned:fgd's judging futures")
     ap.add_argument("--placers", default="", help="comma-separated subset of the placers (seq:fgd always runs)")
     ap.add_argument("--json", default="", help="write per-seed figures here")
     args = ap.parse_args()
@@ -152,7 +164,7 @@ def main() -> None:
     nodes = catalog.cluster_nodes("openb")
     workload = catalog.openb_pods(args.workload)
     names = (["seq:fgd"] + ([] if args.no_model else ["seq:model:default"])
-             + ["joint:fgd", "scenario:fgd", "switch:fgd", "knapsack:fgd"] + ([] if args.no_clairvoyant else ["joint:fgd:clairvoyant"]))
+             + ["joint:fgd", "scenario:fgd", "switch:fgd", "knapsack:fgd", "planned:fgd"] + ([] if args.no_clairvoyant else ["joint:fgd:clairvoyant"]))
     if args.placers:
         keep = set(args.placers.split(",")) | {"seq:fgd"}
         names = [n for n in names if n in keep]
@@ -175,7 +187,11 @@ def main() -> None:
                    "knapsack:fgd": SwitchPlacer(FgdPolicy(seed), seed=seed, orders=args.orders, lookahead=args.lookahead,
                                                 plans=args.plans, evals=args.evals, plan_fill=args.plan_fill,
                                                 eval_fill=args.eval_fill, overflow_weight=args.overflow_weight, exact=True,
-                                                pack_fitting=args.pack_fitting)}
+                                                pack_fitting=args.pack_fitting),
+                   "planned:fgd": SwitchPlacer(FgdPolicy(seed), seed=seed, orders=args.orders, lookahead=args.lookahead,
+                                               plans=args.plans, evals=args.evals, plan_fill=args.plan_fill,
+                                               eval_fill=args.eval_fill, overflow_weight=args.overflow_weight, exact=True,
+                                               fit=WholePlanning(plans=args.fit_plans, evals=args.fit_evals))}
         if not args.no_clairvoyant:
             placers["joint:fgd:clairvoyant"] = ClairvoyantJoint(plan, FgdPolicy(seed), args.orders, seed)
         if "seq:model:default" in names:
@@ -227,7 +243,8 @@ def main() -> None:
     if not no_model:
         model = np.asarray(alloc["seq:model:default"])
         print(f"- seq:model:default - seq:fgd: {paired(model - fgd)}")
-    for joint_name in [n for n in ("joint:fgd", "scenario:fgd", "switch:fgd", "knapsack:fgd") if n in names]:
+    for joint_name in [n for n in ("joint:fgd", "scenario:fgd", "switch:fgd", "knapsack:fgd", "planned:fgd")
+                                   if n in names]:
         joint = np.asarray(alloc[joint_name])
         print(f"- {joint_name} - seq:fgd: {paired(joint - fgd)}")
         print(f"  pods placed, {joint_name} - seq:fgd: {np.mean(np.asarray(pods[joint_name]) - pods['seq:fgd']):+.1f}"

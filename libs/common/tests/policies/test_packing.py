@@ -4,7 +4,7 @@ import pytest
 from agmarl_common.core.cluster.filters import violations
 from agmarl_common.core.cluster.model import ClusterState, Node, Pod, PodAffinityTerm, LabelSelector, Taint
 from agmarl_common.core.policies.fgd import FgdPolicy
-from agmarl_common.core.policies.joint import SwitchPlacer
+from agmarl_common.core.policies.joint import SwitchPlacer, WholePlanning, place_whole, plan_whole, typical
 from agmarl_common.core.policies.packing import pack_group
 from agmarl_common.core.sim.batches import BatchPlan, SequentialPlacer, apply_binds, place_in_order, run_batches
 
@@ -131,3 +131,89 @@ def test_most_draws_of_the_fitting_test_fit():
         state, group, fgd = partly_used(seed)
         fits += len(place_in_order(fgd, group, range(len(group)), state, None)[0]) == len(group)
     assert fits >= 5
+
+
+def test_a_search_stopped_at_its_first_solution_still_places_every_mandatory_pod():
+    node = Node("n", cpu_milli=32000, memory_mib=65536, gpu_count=2, gpu_model="T4")
+    group = [pod("s0", 1000, 1, 300), pod("s1", 1000, 1, 700), pod("w", 1000, 1, 1000), pod("x", 1000, 1, 500)]
+    state = ClusterState.empty((node,))
+    packed = pack_group(group, state, mandatory=[True, True, True, False], max_sols=1)
+    assert packed is not None and {0, 1, 2} <= {k for k, _, _ in packed.binds}
+    assert violations(apply_binds(group, packed.binds, state)) == []
+
+
+# --- the planned placement of a group that fits (policies.joint.place_whole, SwitchPlacer(fit=...)) ---
+
+TWO_GPUS = Node("n", cpu_milli=32000, memory_mib=65536, gpu_count=2, gpu_model="T4")
+
+
+def random_plan(seed, n_groups=4, size=5):
+    rng = np.random.default_rng(seed)
+    groups = tuple(tuple(random_group(rng, size, f"g{e}p")) for e in range(n_groups))
+    return BatchPlan(nodes=NODES, groups=groups, rank=rng.permutation(len(NODES)))
+
+
+def planned(seed):
+    return SwitchPlacer(FgdPolicy(seed), seed=seed, exact=True, fit=WholePlanning(plans=2, evals=2))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_planned_placer_places_every_pod_while_everything_fits_and_passes_the_hard_filter(seed):
+    plan = random_plan(seed, n_groups=3, size=3)  # 9 pods on a cluster that takes them all: every group fits
+    seq = run_batches(plan, SequentialPlacer(FgdPolicy(seed)), SHAPES)
+    r = run_batches(plan, planned(seed), SHAPES)  # the harness re-checks every bind and raises on a violation
+    assert seq.placed_pods[-1] == sum(len(g) for g in plan.groups)  # the premise: sequential FGD places them all
+    assert r.placed_pods[-1] == seq.placed_pods[-1] and r.used_milli[-1] == seq.used_milli[-1]
+    assert violations(r.state) == []
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_planned_placer_is_deterministic(seed):
+    plan = random_plan(seed, n_groups=6, size=8)  # later groups overflow: the knapsack runs as well
+    first, second = run_batches(plan, planned(seed), SHAPES), run_batches(plan, planned(seed), SHAPES)
+    assert np.array_equal(first.node_index, second.node_index)
+    assert np.array_equal(first.used_milli, second.used_milli)
+
+
+def test_plan_whole_places_the_group_where_the_imagined_pods_fit_beside_it():
+    # two 300-milli shares on a 2-GPU node; the future is two 700-milli shares: only one share per device
+    # lets both in
+    state = ClusterState.empty((TWO_GPUS,))
+    group = [pod("s0", 1000, 1, 300), pod("s1", 1000, 1, 300)]
+    binds = plan_whole(group, [pod("f0", 1000, 1, 700), pod("f1", 1000, 1, 700)], state)
+    assert binds is not None and sorted(k for k, _, _ in binds) == [0, 1]
+    assert sorted(g for _, _, (g,) in binds) == [0, 1]
+
+
+def test_place_whole_keeps_the_sequential_placement_unless_a_plan_leaves_more_room():
+    state, rank = ClusterState.empty((TWO_GPUS,)), np.arange(1)
+    group = [pod("s0", 1000, 1, 300), pod("s1", 1000, 1, 300)]
+    pool = [pod(f"w{i}", 1000, 1, 700) for i in range(4)]
+    fgd = FgdPolicy(0)
+    fgd.observe_workload(pool + group)
+    how = WholePlanning(plans=2, evals=2)
+    stacked = [(0, 0, (0,)), (1, 0, (0,))]  # both shares on device 0: one 700 fits after, not two
+    out = place_whole(fgd, group, state, rank, stacked, pool, typical(pool), np.random.default_rng(0), how)
+    assert sorted(g for _, _, (g,) in out) == [0, 1]
+    apart = [(0, 0, (0,)), (1, 0, (1,))]  # already as good as any plan: kept as it is
+    assert place_whole(fgd, group, state, rank, apart, pool, typical(pool), np.random.default_rng(0), how) == apart
+
+
+def test_a_plan_never_places_fewer_pods_than_the_sequential_placement():
+    # the group fits; a plan that could not place it all would be dropped: whatever wins places both pods
+    state, rank = ClusterState.empty((TWO_GPUS,)), np.arange(1)
+    group = [pod("w", 1000, 1, 1000), pod("s", 1000, 1, 810)]
+    fgd = FgdPolicy(0)
+    fgd.observe_workload(group)
+    seq, _ = place_in_order(fgd, group, range(2), state, rank)
+    out = place_whole(fgd, group, state, rank, seq, list(group), typical(group), np.random.default_rng(1),
+                      WholePlanning(plans=3, evals=2))
+    assert sorted(k for k, _, _ in out) == [0, 1]
+    assert violations(apply_binds(group, out, state)) == []
+
+
+def test_typical_keeps_the_most_common_pod_per_gpu_request():
+    pool = [pod("a", 1000, 1, 500), pod("b", 2000, 1, 500), pod("c", 2000, 1, 500), pod("d", 4000, 1, 1000)]
+    shapes = typical(pool)
+    assert set(shapes) == {(1, 500), (1, 1000)}
+    assert shapes[1, 500].name == "b" and shapes[1, 1000].name == "d"

@@ -33,6 +33,12 @@ places every other group whole, so it never leaves a pod out while everything pe
 (``knapsack:fgd``) the overflowing group's candidates include the exact knapsack (``policies.packing``, one
 MIP: the most GPU milli of the group the cluster can take as it is).
 
+With ``fit`` (``WholePlanning``, the ``planned:`` placer) a group that fits is planned too, still placed
+whole: ``place_whole`` tries, besides FGD's sequential placement, MIPs that place every pod of the group
+together with the most GPU milli of an imagined future (``plan_whole``), and keeps the candidate after
+which other imagined futures pack the most GPU milli; a candidate that leaves room for fewer multi-GPU pods
+than the sequential placement (``whole_room``) is refused.
+
 ``ScenarioPlacer`` (its docstring) answers the question the order search cannot: on the batch-arrival
 protocol the idle GPU left at the end is mostly 190-milli slivers beside 810-milli shares, and no order
 avoids them when every pod that fits is placed. It plans the group together with imagined pods drawn
@@ -43,6 +49,8 @@ packings; 4 + 4 on 40 nodes: ~1 s of CPU per group with FGD (4.5 s per run of 4-
 
 from __future__ import annotations
 
+from collections import defaultdict
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -301,6 +309,78 @@ def fits_whole(policy: Policy, group: Sequence[Pod], state: ClusterState, rank: 
     return not any(k not in placed and feasible_mask(group[k], state).any() for k in range(len(group)))
 
 
+def typical(pool: Sequence[Pod]) -> dict[tuple[int, int], Pod]:
+    """Per (GPUs, milli per GPU) of ``pool``: its most common pod by (CPU, memory), the first such in ``pool``'s
+    order. Imagined pods reduced to these few shapes keep a planning MIP small."""
+    counts: dict[tuple[int, int], dict[tuple[int, int], int]] = defaultdict(lambda: defaultdict(int))
+    first: dict[tuple[int, int, int, int], Pod] = {}
+    for p in pool:
+        counts[p.num_gpu, p.gpu_milli][p.cpu_milli, p.memory_mib] += 1
+        first.setdefault((p.num_gpu, p.gpu_milli, p.cpu_milli, p.memory_mib), p)
+    return {c: first[c + max(v, key=lambda r: (v[r], r))] for c, v in counts.items()}
+
+
+@dataclass(frozen=True)
+class WholePlanning:
+    """How ``place_whole`` plans a group that fits (``SwitchPlacer``'s ``fit``; ``plans`` 0: not planned)."""
+
+    plans: int = 0  # plans tried besides the sequential placement
+    evals: int = DEFAULT_EVALS  # imagined futures every candidate is judged on (the same for all)
+    fill: float = 1.0  # a planning future requests this x the GPU milli free after the group
+    eval_fill: float = 1.0  # a judging future requests this x the GPU milli free after the group
+    max_nodes: int = 200  # branch-and-bound nodes of one plan's MIP
+    max_sols: int = 2  # a plan's MIP stops at its second improving solution (0: no such stop)
+
+
+def whole_room(state: ClusterState, sizes: Sequence[int] = (2, 4, 8)) -> tuple[int, ...]:
+    """Per size k in ``sizes``: how many k-GPU pods the wholly free devices of ``state`` could take, node by node
+    (CPU and memory ignored). A plan keeps at least the sequential placement's (``place_whole``): the imagined
+    pods ask at most one GPU, so nothing else keeps room for the rare multi-GPU pods."""
+    whole = (state.gpu_free() >= GPU_MILLI).sum(axis=1)
+    return tuple(int((whole // k).sum()) for k in sizes)
+
+
+def plan_whole(group: Sequence[Pod], future: Sequence[Pod], state: ClusterState,
+               how: WholePlanning = WholePlanning()) -> list[Bind] | None:
+    """Every pod of ``group`` placed where one MIP (``packing.pack_group``) that must place all of them also
+    places the most GPU milli of an imagined ``future`` beside them: the group's binds of that packing (None
+    when the MIP finds none, or a pod is not modelled)."""
+    pods = list(group) + list(future)
+    packed = pack_group(pods, state, mandatory=[True] * len(group) + [False] * len(future),
+                        max_nodes=how.max_nodes, max_sols=how.max_sols)
+    return None if packed is None else [b for b in packed.binds if b[0] < len(group)]
+
+
+def place_whole(policy: Policy, group: Sequence[Pod], state: ClusterState, rank: np.ndarray | None,
+                sequential: Sequence[Bind], pool: Sequence[Pod], shapes: dict[tuple[int, int], Pod],
+                rng: np.random.Generator, how: WholePlanning) -> list[Bind]:
+    """A group that fits placed whole: ``sequential`` (``policy``'s placement, one by one) or one of ``how.plans``
+    ``plan_whole`` placements, each against an imagined future drawn from ``pool`` (``how.fill`` x the GPU milli
+    free after the group; its pods reduced to ``shapes``, ``typical``), whichever leaves the cluster where a
+    first-fit-decreasing packing of ``how.evals`` other imagined futures (``how.eval_fill`` x that free milli;
+    the same for every candidate) places the most GPU milli; ties to ``sequential``. A candidate that places
+    fewer pods than ``sequential`` is dropped, so every pod ``sequential`` places is placed, as is one that
+    leaves room for fewer multi-GPU pods (``whole_room``) than ``sequential``."""
+    after = float(state.gpu_free().sum()) - sum(p.gpu_milli_total for p in group)
+    judges = [imagine(pool, how.eval_fill * after, rng) for _ in range(how.evals)]
+    candidates = [list(sequential)]
+    for _ in range(how.plans):
+        future = [shapes[p.num_gpu, p.gpu_milli] for p in imagine(pool, how.fill * after, rng)]
+        binds = plan_whole(group, future, state, how)
+        if binds is not None:
+            candidates.append(binds)
+    best_key, best, room = None, list(sequential), None
+    for binds in candidates:
+        binds, end = commit(group, binds, state)
+        room = whole_room(end) if room is None else room  # the sequential placement's, the first candidate
+        if len(binds) < len(sequential) or any(a < b for a, b in zip(whole_room(end), room)):
+            continue
+        key = sum(future_milli(policy, f, end, rank) for f in judges)
+        if best_key is None or key > best_key:
+            best_key, best = key, binds
+    return best
+
+
 class SwitchPlacer:
     """Pods held back only where the pending demand overflows the free capacity; work-conserving otherwise.
 
@@ -320,7 +400,10 @@ class SwitchPlacer:
     of ``packing.pack_group``, one MIP; since the candidate placing the most GPU milli wins, it never places
     less of the group than the other candidates. ``pack_fitting`` (off; it lost to FGD, docs/evaluation.md)
     places a group that fits by ``pack_group`` with every pod mandatory (fewest wholly free devices opened
-    for shares, CPU kept beside the whole GPUs left), kept only if every pod is placed.
+    for shares, CPU kept beside the whole GPUs left), kept only if every pod is placed. ``fit`` with
+    ``plans`` > 0 (the ``planned:`` placer) places a group that fits by ``place_whole`` instead: the
+    sequential placement or a plan that places every pod as well, whichever leaves more room for imagined
+    futures (its docstring).
     Pure: randomness from ``seed``; every bind passes the hard filter by construction.
     """
 
@@ -328,8 +411,11 @@ class SwitchPlacer:
                  orders: int = DEFAULT_ORDERS, lookahead: int = DEFAULT_LOOKAHEAD, plans: int = DEFAULT_PLANS,
                  evals: int = DEFAULT_EVALS, plan_fill: float = DEFAULT_PLAN_FILL,
                  eval_fill: float = DEFAULT_EVAL_FILL, search: bool = False, overflow_search: bool = True,
-                 overflow_weight: float = 0.0, exact: bool = False, pack_fitting: bool = False):
+                 overflow_weight: float = 0.0, exact: bool = False, pack_fitting: bool = False,
+                 fit: WholePlanning = WholePlanning()):
         self.policy, self.exact, self.pack_fitting = policy, exact, pack_fitting
+        self.fit, self.fit_rng = fit, np.random.default_rng(seed + 2)
+        self.shapes: dict[tuple[int, int], Pod] = {}  # ``typical`` of the briefed pool (``fit``)
         self.cpu_per_gpu = 0.0  # CPU milli per GPU of the briefed workload's GPU pods (``pack_fitting``)
         self.overflow_weight, self.overflow_search = overflow_weight, overflow_search
         self.hold_factor, self.search = hold_factor, search
@@ -337,11 +423,12 @@ class SwitchPlacer:
         self.scenario = ScenarioPlacer(policy, seed=seed + 1, plans=plans, evals=evals, plan_fill=plan_fill,
                                        eval_fill=eval_fill)
         self.held_groups = 0  # groups placed by choosing which pods to place (overflowing, or over hold_factor)
-        self.name = f"{'knapsack' if exact else 'switch'}:{policy.name}"
+        self.name = f"{'planned' if fit.plans > 0 else 'knapsack' if exact else 'switch'}:{policy.name}"
 
     def observe_workload(self, pods: Sequence[Pod]) -> None:
         self.joint.observe_workload(pods)
         self.scenario.observe_workload(pods)
+        self.shapes = typical(self.scenario.pool)
         gpus = sum(p.gpu_milli_total for p in pods) / GPU_MILLI
         self.cpu_per_gpu = sum(p.cpu_milli for p in pods if p.num_gpu) / gpus if gpus else 0.0
 
@@ -368,6 +455,9 @@ class SwitchPlacer:
             if len(binds) == len(group):
                 return binds
         sequential = place_in_order(self.policy, group, range(len(group)), state, rank)[0]
+        if self.fit.plans > 0 and self.scenario.pool:
+            return place_whole(self.policy, group, state, rank, sequential, self.scenario.pool, self.shapes,
+                               self.fit_rng, self.fit)
         if self.pack_fitting and len(sequential) == len(group) and self.cpu_per_gpu > 0:
             packed = pack_group(group, state, open_cost=1.0, cpu_per_gpu=self.cpu_per_gpu,
                                 short_cost=1.0 / self.cpu_per_gpu)

@@ -27,7 +27,9 @@ The model (``sim.optimum``'s, on the residual cluster; exact for openb's shapes:
 
 The answer's binds are re-checked by whoever binds them (``joint.commit``, the harness). Pure and
 deterministic: HiGHS runs single-threaded with a fixed seed and stops at ``max_nodes`` branch-and-bound
-nodes or within ``rel_gap`` of its bound; the wall-clock ``time_limit_s`` is a backstop that the
+nodes, within ``rel_gap`` of its bound, or (``max_sols`` > 0) at its ``max_sols``-th improving solution
+(``policies.joint.plan_whole``'s planning MIPs, large and only a heuristic's input, stop at the second);
+the wall-clock ``time_limit_s`` is a backstop that the
 benchmark's groups never reach (were it reached, the answer could depend on the machine's speed;
 ``PackResult.status`` says which limit ended the search). ``highspy`` is pinned in requirements-dev.txt
 (as for ``sim.optimum``): this module and what imports it (``policies.joint``) are for the benchmarks,
@@ -91,7 +93,8 @@ class _Model:
         self.value += list(vals)
         self.starts.append(len(self.index))
 
-    def solve(self, time_limit_s: float, max_nodes: int, rel_gap: float) -> tuple[np.ndarray | None, bool, str]:
+    def solve(self, time_limit_s: float, max_nodes: int, rel_gap: float,
+              max_sols: int = 0) -> tuple[np.ndarray | None, bool, str]:
         h = highspy.Highs()
         h.setOptionValue("output_flag", False)
         h.setOptionValue("threads", 1)
@@ -99,6 +102,8 @@ class _Model:
         h.setOptionValue("time_limit", float(time_limit_s))
         h.setOptionValue("mip_max_nodes", int(max_nodes))
         h.setOptionValue("mip_rel_gap", float(rel_gap))
+        if max_sols > 0:
+            h.setOptionValue("mip_max_improving_sols", int(max_sols))
         lp = highspy.HighsLp()
         lp.num_col_, lp.num_row_ = len(self.cost), len(self.lower_rows)
         lp.col_cost_ = np.array(self.cost)
@@ -124,7 +129,7 @@ class _Model:
 def pack_group(group: Sequence[Pod], state: ClusterState, mandatory: Sequence[bool] | None = None,
                gain: float = 1.0, open_cost: float = 0.0, cpu_per_gpu: float = 0.0, short_cost: float = 0.0,
                time_limit_s: float = DEFAULT_TIME_LIMIT_S, max_nodes: int = DEFAULT_MAX_NODES,
-               rel_gap: float = DEFAULT_REL_GAP) -> PackResult | None:
+               rel_gap: float = DEFAULT_REL_GAP, max_sols: int = 0) -> PackResult | None:
     """The best placement of ``group`` on ``state`` (module docstring). ``mandatory``: per pod, whether it
     must be placed (None: all). None when a pod is not ``modelled``, when the mandatory pods cannot all be
     placed, or when the solver finds no placement in time."""
@@ -207,7 +212,7 @@ def pack_group(group: Sequence[Pod], state: ClusterState, mandatory: Sequence[bo
         _cpu_short(m, state, shapes, node_cols, w, o, whole_free, cpu_per_gpu, short_cost)
     if not m.cost:
         return PackResult((), 0, 0, True, "empty") if not any(must) else None
-    sol, optimal, status = m.solve(time_limit_s, max_nodes, rel_gap)
+    sol, optimal, status = m.solve(time_limit_s, max_nodes, rel_gap, max_sols)
     if sol is None:
         return None
     return _binds(group, shapes, members, must, sol, z, y, x, w, o, optimal, status)
