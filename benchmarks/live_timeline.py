@@ -283,6 +283,11 @@ def analyse(out_dir: Path, trace_dir: Path, arrivals: list[tuple[float, str, flo
                                       for s, d, name in sorted(_overlapping(r.get("slow", []), t0, t1),
                                                                key=lambda x: -x[1])[:5]]
                                 for svc, r in recs.items()}
+    out["gc_while_measured"] = {svc: {"gen2": [(round(s - t0, 2), round(1000 * d, 1))
+                                               for s, d, g in _overlapping(r.get("gc", []), t0, t1) if g == 2],
+                                      "over_1ms_ms": round(1000 * sum(d for _, d, _ in
+                                                                      _overlapping(r.get("gc", []), t0, t1)), 1)}
+                                for svc, r in recs.items()}
     writes = sorted(at for at in col_write.values() if t0 <= at <= t1)
     gaps = np.diff(writes) * 1000 if len(writes) > 1 else np.zeros(0)
     out["announcements"] = {"gap_p50_ms": round(float(np.median(gaps)), 2) if gaps.size else None,
@@ -311,6 +316,8 @@ def print_report(rep: dict) -> None:
     for svc, items in rep["longest_callbacks"].items():
         print(f"  {svc}: " + "; ".join(f"{s}+{d} {name[:70]}" for s, d, name in items))
     print("collector's pod announcements (socket writes): " + json.dumps(rep["announcements"]))
+    print("garbage collections while measured (full ones: s, ms; all over 1 ms: total ms): "
+          + json.dumps(rep["gc_while_measured"]))
     print("slow callbacks (> 2 ms) by what ran:")
     for s in rep["slow_callbacks"]:
         print(f"  {s['n']:5d} x p50 {s['p50_ms']:6.2f} ms max {s['max_ms']:6.1f} ms  {s['what'][:150]}")

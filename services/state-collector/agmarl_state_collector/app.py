@@ -14,7 +14,7 @@ this one started) was made for a cluster that is gone and is acked without being
 ``agmarl_decisions_foreign_total``), even when a pod of the new run has the same name.
 
 A snapshot's compact state and encoding (~0.1 s for 1,523 nodes and 3,000 bound pods) are built in a worker
-thread while the loop goes on announcing pods on time (on the loop they stalled it, and the pods due meanwhile
+thread of low OS priority (``runtime.heap.in_background``) while the loop goes on announcing pods on time (on the loop they stalled it, and the pods due meanwhile
 went out in one burst); a decision waits until the snapshot is published, so that no event numbered after it
 overtakes it.
 
@@ -40,7 +40,7 @@ from agmarl_common.runtime import subjects
 from agmarl_common.core.cluster.filters import violations
 from agmarl_common.core.cluster.model import to_dict
 from agmarl_common.core.reward import balance_std, utilisation_by_resource
-from agmarl_common.runtime.heap import settle
+from agmarl_common.runtime.heap import in_background, settle
 from agmarl_common.runtime.service import HandlerContext, ServiceRuntime
 from agmarl_common.runtime.settings import load_settings
 from agmarl_state_collector.settings import CollectorSettings
@@ -236,7 +236,7 @@ class CollectorApp:
 
     async def publish_snapshot(self) -> None:
         """The cluster's snapshot, numbered after every event published so far; its compact state and encoding
-        are built in a worker thread (the state is immutable) while decisions wait (``snapshot_idle``)."""
+        are built in the background thread (the state is immutable) while decisions wait (``snapshot_idle``)."""
         self.snapshot_idle.clear()
         try:
             await self._publish_snapshot()
@@ -264,8 +264,8 @@ class CollectorApp:
         self.violations_gauge.set(len(found))
         pending = state.pending_pods()
         loop_cpu = time.thread_time() - began
-        msg, data, cpu = await asyncio.to_thread(built_snapshot, self.settings.cluster, self.seq, state.time, cluster,
-                                                 pending, stats, self.epoch)
+        msg, data, cpu = await in_background(built_snapshot, self.settings.cluster, self.seq, state.time, cluster,
+                                             pending, stats, self.epoch)
         began = time.thread_time()
         await self.snapshots.publish(msg, data)
         self.snapshot_cost = loop_cpu + cpu + time.thread_time() - began
