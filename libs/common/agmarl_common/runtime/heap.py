@@ -9,7 +9,9 @@ since. Call it once the service holds its start-up state. Frozen objects are sti
 counting; only reference cycles among them are never collected (a service keeps what it held at start-up).
 
 ``in_background`` runs a large piece of work (a snapshot of the whole cluster) in a thread of low OS priority,
-so that on a machine with few cores it does not take one from a decision.
+so that on a machine with few cores it does not take one from a decision. The catch: while that thread holds
+the GIL, the event loop waits for it, and on a saturated machine a nice-19 thread may wait long for a core, so
+use it in services whose loop can wait (graph-builder, the collector's snapshots), not on a decision's path.
 """
 
 from __future__ import annotations
@@ -48,9 +50,9 @@ _background: ThreadPoolExecutor | None = None
 
 
 async def in_background(fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` in this process's background thread, which the OS runs only when the cores are not wanted
-    by normal-priority work (nice 19): work that may take its time (a snapshot of the whole cluster: ~0.1 s of
-    CPU) then does not take a core from a decision. One thread: such work runs one piece at a time."""
+    """``fn(*args)`` in this process's background thread (nice 19: when it competes for a core with
+    normal-priority threads it gets ~1/70 of their share), so that work which may take its time (a snapshot of
+    the whole cluster: ~0.1 s of CPU) does not take a core from a decision. One thread: one piece at a time."""
     global _background
     if _background is None:
         _background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="background",
