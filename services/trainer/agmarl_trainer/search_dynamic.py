@@ -166,13 +166,19 @@ class Searcher:
         return getattr(self.policy, attr)
 
 
+def episode_config(task: DynamicSearchTask) -> dynamic.SimConfig:
+    """Ticks and horizon of the task, pending timeout 300 s, backoff up to 10 s; a pressure variant's own
+    simulator settings on top (``synthetic.sim_options``: its scripted node loss), none for the others."""
+    options = {"pending_timeout_s": 300.0, **synthetic.sim_options(task.workload, task.horizon_s)}
+    return dynamic.SimConfig(tick_s=task.tick_s, horizon_s=task.horizon_s, backoff_max_s=10.0, **options)
+
+
 def episode(task: DynamicSearchTask) -> tuple[list[Sample], dict[str, float]]:
     """One episode -> (labelled and anchor samples, stats with ``reward_total``)."""
     rng = np.random.default_rng(task.seed)
     nodes = synthetic.synthetic_cluster(task.n_nodes, seed=task.seed)
     pods = synthetic.generate(task.workload, nodes, horizon_s=task.horizon_s, seed=task.seed)
-    config = dynamic.SimConfig(tick_s=task.tick_s, horizon_s=task.horizon_s, pending_timeout_s=300.0,
-                               backoff_max_s=10.0)
+    config = episode_config(task)
     n_ticks = int(math.ceil(task.horizon_s / task.tick_s - 1e-9))
     retry: dict = {}
     searcher = None

@@ -75,3 +75,12 @@ def test_a_tiny_dynamic_search_run_keeps_its_best_held_out_iteration(tmp_path):
     state = {k: v.clone() for k, v in result.net.state_dict().items()}
     assert sd.held_out(state, result.config) == pytest.approx(report["held_out_per_seed"][report["kept_iteration"]],
                                                               abs=1e-3)
+
+
+def test_episodes_of_a_pressure_variant_run_with_its_simulator_settings():
+    task = sd.DynamicSearchTask("pressure_node_loss", 8, seed=1, horizon_s=600.0, tick_s=2.0)
+    config = sd.episode_config(task)
+    assert config.node_loss_fraction == 0.2 and config.node_loss_at_s == pytest.approx(200.0)
+    assert config.pending_timeout_s == synthetic.PRESSURE_PENDING_TIMEOUT_S and config.backoff_max_s == 10.0
+    plain = sd.episode_config(sd.DynamicSearchTask("burst", 8, seed=1, horizon_s=600.0, tick_s=2.0))
+    assert plain == dynamic.SimConfig(tick_s=2.0, horizon_s=600.0, pending_timeout_s=300.0, backoff_max_s=10.0)

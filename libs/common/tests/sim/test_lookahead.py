@@ -56,3 +56,35 @@ def test_without_a_simulator_state_it_scores_as_its_base_policy():
     assert np.array_equal(look.score(pod, state.cluster, c), base.score(pod, state.cluster, c))
     look.observe_sim(state, CONFIG)
     assert int(np.argmax(look.score(pod, state.cluster, c))) == 1
+
+
+
+def two_cpu_nodes() -> dynamic.SimState:
+    """y runs a 2000-milli pod; a (1000) and c (1000) wait. With a on x, balance sends c to x and packing to y."""
+    nodes = [Node("x", 4000, 4000), Node("y", 4000, 4000)]
+    pods = [Pod("old", 2000, 2000, creation_time=0.0, duration=0.0),
+            Pod("a", 1000, 1000, creation_time=1.0, duration=0.0), Pod("c", 1000, 1000, creation_time=1.0, duration=0.0)]
+    state, _ = dynamic.advance(dynamic.reset(nodes, pods, CONFIG, seed=0), 0.0, CONFIG)
+    state, ok = dynamic.bind(state, "default/old", "y")
+    assert ok.ok
+    state, _ = dynamic.advance(state, 1.0, CONFIG)
+    return state
+
+
+def test_with_several_rollout_policies_a_candidate_is_worth_its_best_rollout():
+    state = two_cpu_nodes()
+    pod, c = state.pending["default/a"].pod, np.array([0, 1])
+    look = LookaheadConfig(top_k=2, horizon_ticks=2, base="most-allocated", rollout_bases=("reward-aware",))
+    policy = LookaheadPolicy(look)
+    policy.observe_sim(state, CONFIG)
+    scores = policy.score(pod, state.cluster, c)
+    per_base = {name: [rollout(state, CONFIG, pod, j, (), get_policy(name), look) for j in (0, 1)]
+                for name in ("reward-aware", "most-allocated")}
+    assert np.all(np.greater(per_base["reward-aware"], per_base["most-allocated"]))  # balance places c better
+    assert np.allclose(scores, np.maximum(per_base["reward-aware"], per_base["most-allocated"]), atol=1e-6)
+
+
+def test_the_stronger_references_are_registered_with_their_settings():
+    wide, deep = get_policy("lookahead-wide"), get_policy("lookahead-deep")
+    assert (wide.name, wide.config.top_k, wide.config.horizon_ticks) == ("lookahead-wide", 8, 2)
+    assert (deep.name, deep.config.top_k, deep.config.horizon_ticks) == ("lookahead-deep", 3, 8)

@@ -13,7 +13,9 @@ ticks (the same seeded draws for every candidate, so the comparison is paired). 
 reference and not a policy a live cluster could run. It needs the simulator state: ``dynamic.schedule_pending``
 shows it through ``observe_sim(state, config)`` before each decision; anywhere else (no state, or a cluster
 that is not the observed state's) it scores as its base policy. Cost: about ``top_k * horizon_ticks``
-simulator ticks per decision.
+simulator ticks per decision. ``rollout_bases`` adds rollout policies: a candidate is then worth the best of
+its rollouts, one per policy. Registered: ``lookahead`` (3 candidates, 2 ticks) and, stronger and slower,
+``lookahead-wide`` (8 candidates, 2 ticks) and ``lookahead-deep`` (3 candidates, 8 ticks).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class LookaheadConfig:
     horizon_ticks: int = 2  # simulator ticks each rollout runs after the decision
     queue_agents: int = 4  # pending pods the base policy places per rollout step
     base: str = "reward-aware"  # the policy that ranks candidates and places the others in a rollout
+    rollout_bases: tuple[str, ...] = ()  # more rollout policies: a candidate is worth its best rollout
 
     def __post_init__(self) -> None:
         if self.top_k < 1 or self.horizon_ticks < 0 or self.queue_agents < 0:
@@ -84,9 +87,10 @@ class LookaheadPolicy(PolicyBase):
 
     name = "lookahead"
 
-    def __init__(self, config: LookaheadConfig = LookaheadConfig(), base: Policy | None = None):
-        self.config = config
+    def __init__(self, config: LookaheadConfig = LookaheadConfig(), base: Policy | None = None, name: str = "lookahead"):
+        self.config, self.name = config, name
         self.base = base if base is not None else get_policy(config.base)
+        self.rollout_policies = (self.base,) + tuple(get_policy(b) for b in config.rollout_bases)
         self._sim: dynamic.SimState | None = None
         self._sim_config = dynamic.SimConfig()
 
@@ -104,7 +108,8 @@ class LookaheadPolicy(PolicyBase):
         for j in order.tolist():
             gpus = self.choose_gpus(pod, state, int(c[j]))
             if gpus is not None:
-                values[j] = rollout(sim, self._sim_config, pod, int(c[j]), tuple(gpus), self.base, self.config)
+                values[j] = max(rollout(sim, self._sim_config, pod, int(c[j]), tuple(gpus), p, self.config)
+                                for p in self.rollout_policies)
         if not np.isfinite(values).any():
             return base
         # the best rollout first; among equal rollouts the base policy's order; untried candidates last
@@ -116,4 +121,8 @@ class LookaheadPolicy(PolicyBase):
         return self.base.choose_gpus(pod, state, node_index)
 
 
+# stronger (costlier) references of the pressure suite: every candidate (up to 8) tried, or 8-tick rollouts
+STRONGER = {"lookahead-wide": LookaheadConfig(top_k=8), "lookahead-deep": LookaheadConfig(horizon_ticks=8)}
 register_policy(LookaheadPolicy.name, lambda seed: LookaheadPolicy())
+for _name, _config in STRONGER.items():
+    register_policy(_name, lambda seed, _c=_config, _n=_name: LookaheadPolicy(_c, name=_n))
