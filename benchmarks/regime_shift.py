@@ -144,8 +144,7 @@ def run(name: str, nodes, workload, phase_s: float, seed: int, record_s: float, 
         if k % every:
             continue
         stats = dynamic.snapshot_stats(state)
-        waits = [state.time - pp.enqueue_time for pp in state.pending.values()]
-        outcomes = outcomes_from_stats(prev, stats, float(np.mean(waits)) if waits else 0.0)
+        outcomes = outcomes_from_stats(prev, stats, dynamic.mean_pending_wait(state))
         prev = stats
         comps = reward_components(state.cluster, outcomes)
         load = cluster_load(state.cluster)

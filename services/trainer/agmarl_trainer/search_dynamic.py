@@ -80,8 +80,7 @@ class Windows:
 
     def record(self, state: dynamic.SimState) -> None:
         stats = dynamic.snapshot_stats(state)
-        waits = [state.time - pp.enqueue_time for pp in state.pending.values()]
-        outcomes = outcomes_from_stats(self.prev, stats, float(np.mean(waits)) if waits else 0.0)
+        outcomes = outcomes_from_stats(self.prev, stats, dynamic.mean_pending_wait(state))
         self.prev = stats
         self.total += scheme_total(reward_components(state.cluster, outcomes), SCHEME, cluster_load(state.cluster))
 

@@ -355,3 +355,19 @@ def test_scripted_node_failure_takes_the_random_failure_path():
     assert again.down == {0: 50.0} and ev2 == []
     s, ev = advance(s, 60.0, SimConfig(pending_timeout_s=0.0))
     assert "node_recovered" in [e.type for e in ev] and not s.down and s.cluster.schedulable.tolist() == [True, True]
+
+
+def test_the_window_reward_counts_how_long_pending_pods_have_waited():
+    # two pods that do not fit anywhere wait; the composite's wait term must see their wait (it read 1.0, no
+    # wait, in every simulated window before: window_outcomes left pending_time_s at 0)
+    from agmarl_common.core.reward import reward_components, score_wait
+
+    s = reset(_nodes(1, cpu=1000), [_pod("big", 0.0, cpu=5000), _pod("huge", 10.0, cpu=9000)])
+    before = s.counters
+    s, _ = advance(s, 40.0)
+    assert dynamic.mean_pending_wait(s) == pytest.approx((40.0 + 30.0) / 2)
+    out = dynamic.window_outcomes(s, before)
+    assert out.pending == 2 and out.pending_time_s == pytest.approx(35.0)
+    wait = reward_components(s.cluster, out)["wait"]
+    assert wait == pytest.approx(score_wait(35.0)) and wait < 0.5
+    assert dynamic.mean_pending_wait(reset(_nodes(), [])) == 0.0

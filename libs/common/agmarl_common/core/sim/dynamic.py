@@ -31,7 +31,7 @@ from agmarl_common.core.policies.base import Policy, brief, select_node
 from agmarl_common.core.sim import metrics
 from agmarl_common.core.sim.dynamic_state import (  # noqa: F401  (plain data and metrics: re-exported, part of this module's API)
     EVENT_TYPES, RESTART_POLICIES, BindOutcome, DynamicResult, PendingPod, RunInfo, SimConfig, SimCounters,
-    SimEvent, SimState, _record, snapshot_stats, window_outcomes)
+    SimEvent, SimState, _record, mean_pending_wait, snapshot_stats, window_outcomes)
 
 OBJECTIVE = "composite"  # what this harness measures (features.OBJECTIVES): the composite reward
 

@@ -140,13 +140,22 @@ class SimState:
 
 
 
+def mean_pending_wait(state: SimState) -> float:
+    """Mean time the pods still pending have waited since they (re-)joined the queue (0 when none): the
+    reward's ``pending_time_s``, as the reward-calculator measures it on the live cluster."""
+    if not state.pending:
+        return 0.0
+    return sum(state.time - pp.enqueue_time for pp in state.pending.values()) / len(state.pending)
+
+
 def window_outcomes(state: SimState, before: SimCounters, violations: int = 0) -> Outcomes:
-    """What happened since the counters ``before``, as the composite reward reads it: pods still pending,
-    pods bound, pods that failed (unschedulable, evicted or refused at bind)."""
+    """What happened since the counters ``before``, as the composite reward reads it: pods still pending and
+    how long they have waited, pods bound, pods that failed (unschedulable, evicted or refused at bind)."""
     c, b = state.counters, before
     return Outcomes(pending=len(state.pending), scheduled=c.bound - b.bound,
                     failed=(c.unschedulable - b.unschedulable) + (c.evicted - b.evicted)
-                    + (c.bind_rejected - b.bind_rejected), violations=violations)
+                    + (c.bind_rejected - b.bind_rejected), violations=violations,
+                    pending_time_s=mean_pending_wait(state))
 
 
 def snapshot_stats(state: SimState, threshold: float = state_metrics.SLA_CPU_THRESHOLD) -> dict[str, float]:
