@@ -35,7 +35,8 @@ same groups:
                          imagined futures pack the most GPU milli (first-fit-decreasing, FGD) is bound. Every
                          candidate places every pod of the group and keeps room for as many multi-GPU pods as
                          FGD's placement; later groups meet a different cluster, so its safety at other loads
-                         is measured (``--ratio``), not given;
+                         is measured (``--ratio``), not given; ``--fit-judge-all`` judges on futures with the
+                         multi-GPU pods too instead of refusing plans that leave less room for them (tuning only);
 - ``optimum``            the offline ceiling (``sim.optimum``, HiGHS MIP): the most GPU milli any placement of
                          all the run's pods allocates; started from the best heuristic's final cluster,
                          ``--time-limit`` s per seed: when not proven optimal the best value found and the
@@ -157,6 +158,8 @@ def main() -> None:
     ap.add_argument("--pack-fitting", action="store_true", help="knapsack:fgd also packs the groups that fit by a MIP")
     ap.add_argument("--fit-plans", type=int, default=2, help="planned:fgd's plans per group that fits")
     ap.add_argument("--fit-evals", type=int, default=WholePlanning.evals, help="planned:fgd's judging futures")
+    ap.add_argument("--fit-judge-all", action="store_true",
+                    help="planned:fgd judges on futures with multi-GPU pods too instead of refusing plans by whole_room")
     ap.add_argument("--placers", default="", help="comma-separated subset of the placers (seq:fgd always runs)")
     ap.add_argument("--json", default="", help="write per-seed figures here")
     args = ap.parse_args()
@@ -191,7 +194,9 @@ def main() -> None:
                    "planned:fgd": SwitchPlacer(FgdPolicy(seed), seed=seed, orders=args.orders, lookahead=args.lookahead,
                                                plans=args.plans, evals=args.evals, plan_fill=args.plan_fill,
                                                eval_fill=args.eval_fill, overflow_weight=args.overflow_weight, exact=True,
-                                               fit=WholePlanning(plans=args.fit_plans, evals=args.fit_evals))}
+                                               fit=WholePlanning(plans=args.fit_plans, evals=args.fit_evals,
+                                                                 keep_room=not args.fit_judge_all,
+                                                                 judge_all=args.fit_judge_all))}
         if not args.no_clairvoyant:
             placers["joint:fgd:clairvoyant"] = ClairvoyantJoint(plan, FgdPolicy(seed), args.orders, seed)
         if "seq:model:default" in names:

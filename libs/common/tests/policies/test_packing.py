@@ -153,8 +153,8 @@ def random_plan(seed, n_groups=4, size=5):
     return BatchPlan(nodes=NODES, groups=groups, rank=rng.permutation(len(NODES)))
 
 
-def planned(seed):
-    return SwitchPlacer(FgdPolicy(seed), seed=seed, exact=True, fit=WholePlanning(plans=2, evals=2))
+def planned(seed, **kw):
+    return SwitchPlacer(FgdPolicy(seed), seed=seed, exact=True, fit=WholePlanning(plans=2, evals=2, **kw))
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -168,9 +168,10 @@ def test_the_planned_placer_places_every_pod_while_everything_fits_and_passes_th
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_the_planned_placer_is_deterministic(seed):
+@pytest.mark.parametrize("kw", [{}, {"keep_room": False, "judge_all": True}])
+def test_the_planned_placer_is_deterministic(seed, kw):
     plan = random_plan(seed, n_groups=6, size=8)  # later groups overflow: the knapsack runs as well
-    first, second = run_batches(plan, planned(seed), SHAPES), run_batches(plan, planned(seed), SHAPES)
+    first, second = run_batches(plan, planned(seed, **kw), SHAPES), run_batches(plan, planned(seed, **kw), SHAPES)
     assert np.array_equal(first.node_index, second.node_index)
     assert np.array_equal(first.used_milli, second.used_milli)
 

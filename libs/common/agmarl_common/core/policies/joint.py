@@ -330,6 +330,8 @@ class WholePlanning:
     eval_fill: float = 1.0  # a judging future requests this x the GPU milli free after the group
     max_nodes: int = 200  # branch-and-bound nodes of one plan's MIP
     max_sols: int = 2  # a plan's MIP stops at its second improving solution (0: no such stop)
+    keep_room: bool = True  # refuse a plan leaving room for fewer multi-GPU pods than FGD's placement
+    judge_all: bool = False  # judging futures drawn from the whole briefed workload (multi-GPU pods too)
 
 
 def whole_room(state: ClusterState, sizes: Sequence[int] = (2, 4, 8)) -> tuple[int, ...]:
@@ -353,16 +355,18 @@ def plan_whole(group: Sequence[Pod], future: Sequence[Pod], state: ClusterState,
 
 def place_whole(policy: Policy, group: Sequence[Pod], state: ClusterState, rank: np.ndarray | None,
                 sequential: Sequence[Bind], pool: Sequence[Pod], shapes: dict[tuple[int, int], Pod],
-                rng: np.random.Generator, how: WholePlanning) -> list[Bind]:
+                rng: np.random.Generator, how: WholePlanning, judge_pool: Sequence[Pod] = ()) -> list[Bind]:
     """A group that fits placed whole: ``sequential`` (``policy``'s placement, one by one) or one of ``how.plans``
     ``plan_whole`` placements, each against an imagined future drawn from ``pool`` (``how.fill`` x the GPU milli
     free after the group; its pods reduced to ``shapes``, ``typical``), whichever leaves the cluster where a
     first-fit-decreasing packing of ``how.evals`` other imagined futures (``how.eval_fill`` x that free milli;
     the same for every candidate) places the most GPU milli; ties to ``sequential``. A candidate that places
-    fewer pods than ``sequential`` is dropped, so every pod ``sequential`` places is placed, as is one that
-    leaves room for fewer multi-GPU pods (``whole_room``) than ``sequential``."""
+    fewer pods than ``sequential`` is dropped, so every pod ``sequential`` places is placed, as is (``how.keep_room``)
+    one that leaves room for fewer multi-GPU pods (``whole_room``) than ``sequential``. ``judge_pool`` (when not
+    empty): the pods the judging futures are drawn from instead (``how.judge_all``: the whole briefed workload,
+    multi-GPU pods included, so the judges rather than the guard weigh a node opened for shares)."""
     after = float(state.gpu_free().sum()) - sum(p.gpu_milli_total for p in group)
-    judges = [imagine(pool, how.eval_fill * after, rng) for _ in range(how.evals)]
+    judges = [imagine(judge_pool or pool, how.eval_fill * after, rng) for _ in range(how.evals)]
     candidates = [list(sequential)]
     for _ in range(how.plans):
         future = [shapes[p.num_gpu, p.gpu_milli] for p in imagine(pool, how.fill * after, rng)]
@@ -373,7 +377,7 @@ def place_whole(policy: Policy, group: Sequence[Pod], state: ClusterState, rank:
     for binds in candidates:
         binds, end = commit(group, binds, state)
         room = whole_room(end) if room is None else room  # the sequential placement's, the first candidate
-        if len(binds) < len(sequential) or any(a < b for a, b in zip(whole_room(end), room)):
+        if len(binds) < len(sequential) or (how.keep_room and any(a < b for a, b in zip(whole_room(end), room))):
             continue
         key = sum(future_milli(policy, f, end, rank) for f in judges)
         if best_key is None or key > best_key:
@@ -457,7 +461,7 @@ class SwitchPlacer:
         sequential = place_in_order(self.policy, group, range(len(group)), state, rank)[0]
         if self.fit.plans > 0 and self.scenario.pool:
             return place_whole(self.policy, group, state, rank, sequential, self.scenario.pool, self.shapes,
-                               self.fit_rng, self.fit)
+                               self.fit_rng, self.fit, self.joint.workload if self.fit.judge_all else ())
         if self.pack_fitting and len(sequential) == len(group) and self.cpu_per_gpu > 0:
             packed = pack_group(group, state, open_cost=1.0, cpu_per_gpu=self.cpu_per_gpu,
                                 short_cost=1.0 / self.cpu_per_gpu)
