@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from typing import Sequence
 
@@ -70,23 +69,14 @@ from agmarl_common.core.policies.registry import get_policy
 from agmarl_common.core.sim import catalog
 from agmarl_common.core.sim.batches import BatchPlan, BatchResult, SequentialPlacer, apply_binds, plan_batches, run_batches
 from agmarl_common.core.sim.optimum import max_gpu_packing
-
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-        12: 2.179, 14: 2.145, 16: 2.120, 19: 2.093, 24: 2.064, 29: 2.045, 39: 2.023, 59: 2.001}
-
-
-def t975(df: int) -> float:
-    """Student's t 97.5 % quantile, the tabulated value at or below ``df`` (conservative)."""
-    return T975[max(k for k in T975 if k <= df)] if df < 120 else 1.96
-
+from agmarl_common.core.stats import interval
 
 def paired(diffs: Sequence[float]) -> str:
     d = np.asarray(diffs, float)
     if len(d) < 2:
         return f"{d.mean():+.2f} pp (one seed)"
-    half = float(t975(len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d)))
-    return (f"{d.mean():+.2f} pp (95 % CI {d.mean() - half:+.2f} .. {d.mean() + half:+.2f}), "
-            f"ahead on {int((d > 0).sum())}/{len(d)} seeds")
+    mean, low, high = interval(d)
+    return f"{mean:+.2f} pp (95 % CI {low:+.2f} .. {high:+.2f}), ahead on {int((d > 0).sum())}/{len(d)} seeds"
 
 
 class ClairvoyantJoint(JointPlacer):
