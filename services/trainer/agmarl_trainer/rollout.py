@@ -244,9 +244,11 @@ def run_inflation_episode(nodes: Sequence[Node], workload: Sequence[Pod], rng: n
 def _round_reward(state: dynamic.SimState, before: dynamic.SimCounters) -> float:
     """The composite reward of the cluster after a round, its outcomes counted as the reward module counts a
     window's (``reward.outcomes_from_stats``: a refused bind, an unschedulable timeout or a failed pod is a
-    failure; the reward-calculator counts live windows with the same function)."""
+    failure; the reward-calculator counts live windows with the same function), the pending pods' mean wait
+    included (``dynamic.mean_pending_wait``, the reward's ``wait`` term)."""
     after = {**state.counters.as_dict(), "pending": len(state.pending)}
-    return total_reward(reward_components(state.cluster, outcomes_from_stats(before.as_dict(), after)))
+    outcomes = outcomes_from_stats(before.as_dict(), after, dynamic.mean_pending_wait(state))
+    return total_reward(reward_components(state.cluster, outcomes))
 
 
 def _credits(pods: Sequence[Pod], cands: Sequence[np.ndarray], cluster: ClusterState,

@@ -54,11 +54,13 @@ def test_arbiter_refuses_picks_made_stale_by_earlier_ones():
     assert stats["bound"] == 2 and stats["bind_rejected"] >= 2 and stats["pending"] == 1
     assert stats["hard_violations"] == 0
     assert samples[0].graph.n_pods == 3 and 0.0 <= samples[0].reward <= 1.0
-    # the round's reward counts outcomes as the reward module does: the two refused picks are failures
+    # the round's reward counts outcomes as the reward module does: the two refused picks are failures, the
+    # two pods left pending have waited the round's 1 s
     state, _ = dynamic.advance(dynamic.reset(nodes, pods, cfg, 0), 1.0, cfg)
     state, outcome = dynamic.bind(state, pods[0].key, "n0")
     assert outcome.ok
-    counted = total_reward(reward_components(state.cluster, Outcomes(pending=2, scheduled=1, failed=2)))
+    counted = total_reward(reward_components(state.cluster, Outcomes(pending=2, scheduled=1, failed=2,
+                                                                     pending_time_s=1.0)))
     assert samples[0].reward == pytest.approx(counted)
     assert counted < total_reward(reward_components(state.cluster, Outcomes(pending=2, scheduled=1, failed=0)))
 
@@ -128,3 +130,16 @@ def test_credit_is_on_for_a_scorer_off_for_expert_labels_unless_asked():
     off, _ = run_dynamic_episode(nodes, pods, 1, cfg, scorer=first, credit=False)
     labels, _ = run_dynamic_episode(nodes, pods, 1, cfg, expert=KubeDefaultPolicy())
     assert all(s.credit.size == 0 for s in off + labels)
+
+
+def test_the_round_reward_counts_how_long_pending_pods_have_waited():
+    from agmarl_trainer.rollout import _round_reward
+
+    nodes = [Node("n0", cpu_milli=1000, memory_mib=1000)]
+    pods = [Pod("big", cpu_milli=5000, memory_mib=10, creation_time=0.0)]  # fits nowhere: it waits
+    state = dynamic.reset(nodes, pods)
+    before = state.counters
+    state, _ = dynamic.advance(state, 60.0)
+    waited = reward_components(state.cluster, Outcomes(pending=1, pending_time_s=60.0))
+    assert _round_reward(state, before) == pytest.approx(total_reward(waited))
+    assert _round_reward(state, before) < total_reward(reward_components(state.cluster, Outcomes(pending=1)))
