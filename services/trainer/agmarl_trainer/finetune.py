@@ -186,7 +186,8 @@ def run_finetune(config_path: str | Path, inc: Incumbent, experience_path: str |
                  runs_dir: str | Path, force: bool = False, rule: GateRule | None = None,
                  objective: str = "composite", scheme: str = "fixed") -> dict:
     """Fine-tune, evaluate, gate, export when promoted (or ``force``); returns the result (JSON-able).
-    ``rule``: the gate's (default: ``alloc_at_100`` paired, margin ``gate.min_gain``, no hard violations).
+    ``rule``: the gate's (default: ``alloc_at_100`` paired, margin ``gate.min_gain``, the gain's 95 % interval
+    above 0 unless ``gate.require_interval`` is off, no hard violations).
     ``objective`` / ``scheme``: the deployment's, for the graphs of the recorded decisions."""
     t0 = time.monotonic()
     cfg = load_config(config_path)
