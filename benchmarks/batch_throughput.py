@@ -263,7 +263,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--binder", action="store_true", help="also through the batch binder and the stand-in API")
     ap.add_argument("--binder-batches", nargs="+", type=int, default=[64, 256],
-                    help="the binder's max_pods (64 is the service's default)")
+                    help="the binder's max_pods (256 is the service's default: BatchConfig.max_pods)")
     ap.add_argument("--binding-cost", type=int, default=0, metavar="N",
                     help="also time N sequential Bindings (the binder's create_binding) against the stand-in")
     ap.add_argument("--no-decompose", action="store_true",

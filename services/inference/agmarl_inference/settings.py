@@ -9,6 +9,8 @@ class InferenceSettings(common.ModelInputSettings, common.KubeSettings):
     pending_queue_group: str = "inference"  # replicas share pending pods through this NATS queue group
     pinned_policy: str = ""  # serve this policy and ignore selections (trace replays, benchmarks); "" = follow the engine
     brief_workload: str = ""  # openb:<name|csv>: tell every policy this workload (FGD's target), as agmarl eval does
+    batch_window_s: float = 0.2  # batch mode: a batch closes this long after its first pod ...
+    batch_max_pods: int = 256  # ... or when this many pods are due (agmarl_inference.batch.BatchConfig)
     assume_ttl_seconds: float = 30.0  # an assumed decision whose binding is never observed is given back after this
     baseline_policy: str = "kube-resources"  # default scoring used as fallback and for blending
     rollout_mode: common.RolloutMode = "full"  # the model's authority (docs/deploy.md); KV agmarl_config/rollout overrides

@@ -135,6 +135,9 @@ def test_batch_config_reads_batch_settings():
     assert (cfg.scheduler_name, cfg.mode, cfg.window_s) == ("my-sched", "hybrid", 0.2)
     assert (cfg.kubeconfig, cfg.kube_context) == ("/k", "c")  # the one kubeconfig setting (KubeSettings)
     assert BatchConfig().scheduler_name == AGMARL_BATCH_SCHEDULER
+    assert cfg.max_pods == BatchConfig().max_pods == InferenceSettings().batch_max_pods  # one default
+    sized = BatchConfig.from_settings(InferenceSettings(batch_max_pods=32, batch_window_s=0.05))
+    assert (sized.max_pods, sized.window_s) == (32, 0.05)
 
 
 def test_batch_scheduler_is_never_the_extender_profile():
