@@ -147,9 +147,9 @@ class EncoderCache:
                 or self.node_x is None or self.node_x.shape != node_x.shape:
             self._set_edges(edges, n)
             return self._full(node_x)
-        changed = np.flatnonzero((self.node_x != node_x).any(axis=1))
-        if changed.size == 0:
+        if self.node_x.tobytes() == node_x.tobytes():  # one memcmp (the usual case: ``prepare`` ran first)
             return self.emb
+        changed = np.flatnonzero((self.node_x != node_x).any(axis=1))
         affected = self._hops(changed, self._out, self.edges[1])  # rows whose embedding may change
         needed = self._hops(affected, self._in, self.edges[0])  # and every row they read
         if needed.size > self.max_share * n:
