@@ -150,6 +150,8 @@ class EncoderCache:
         if self.node_x.tobytes() == node_x.tobytes():  # one memcmp (the usual case: ``prepare`` ran first)
             return self.emb
         changed = np.flatnonzero((self.node_x != node_x).any(axis=1))
+        if changed.size == 0:  # equal values in other bytes (0.0 and -0.0)
+            return self.emb
         affected = self._hops(changed, self._out, self.edges[1])  # rows whose embedding may change
         needed = self._hops(affected, self._in, self.edges[0])  # and every row they read
         if needed.size > self.max_share * n:
