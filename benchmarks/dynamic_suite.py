@@ -4,7 +4,10 @@ Every policy runs the dynamic protocol of `agmarl eval` on each synthetic worklo
 burst, batch_online_mix, affinity_heavy) on one synthetic cluster, for a few seeds; the same
 harness, the same seeds, the same cluster, so the comparison is like for like. Prints Markdown:
 the composite reward (agmarl_common.core.reward, mean over the record points of a run) per policy and
-workload, the hard-constraint violations (must be 0), then each workload's full `agmarl eval` table.
+workload, the hard-constraint violations (must be 0), the paired comparison of one policy (``--paired``;
+by default the first ``model:*`` policy) with every other, seed by seed (the mean over the workloads of each
+seed's reward: its difference, the 95 % t interval of the mean difference by ``core.stats.interval``, and
+how many seeds and runs it is ahead in), then each workload's full `agmarl eval` table.
 The reward-aware expert (``policies.rewardaware``, the reward's own marginal gains) runs with the
 baselines by default.
 
@@ -22,6 +25,8 @@ import sys
 import time
 
 import numpy as np
+
+from agmarl_common.core.stats import interval
 
 from agmarl_cli.evaluate import (EvalError, EvalSpec, aggregate, check_spec, load_nodes, markdown_table,
                                  parse_policies, parse_seeds, run_all)
@@ -68,6 +73,36 @@ def summary_tables(reports: dict[str, dict], policies: list[str]) -> str:
     return "\n".join(lines)
 
 
+def seed_rewards(reports: dict[str, dict], policy: str) -> dict[int, list[float]]:
+    """seed -> the policy's mean reward of that seed's run on each workload (in the reports' order)."""
+    out: dict[int, list[float]] = {}
+    for rep in reports.values():
+        for run in rep["policies"][policy]["runs"]:
+            out.setdefault(int(run["seed"]), []).append(float(run["metrics"]["reward_mean"]))
+    return out
+
+
+def paired_table(reports: dict[str, dict], policies: list[str], subject: str) -> str:
+    """``subject`` against every other policy, paired by seed: the difference of the seed's reward (mean over
+    the workloads), its 95 % t interval over the seeds, seeds ahead, and runs (seed x workload) ahead."""
+    mine = seed_rewards(reports, subject)
+    lines = [f"### Paired by seed: {subject} minus each policy (composite reward, mean over the workloads of a "
+             "seed; 95 % t interval over the seeds)\n",
+             "| minus | mean difference | 95 % CI | seeds ahead | runs ahead |", "|---|---:|---|---:|---:|"]
+    for other in policies:
+        if other == subject:
+            continue
+        theirs = seed_rewards(reports, other)
+        seeds = sorted(set(mine) & set(theirs))
+        diffs = [float(np.mean(mine[k])) - float(np.mean(theirs[k])) for k in seeds]
+        runs = [a - b for k in seeds for a, b in zip(mine[k], theirs[k])]
+        mean, low, high = interval(diffs)
+        ci = "n/a (one seed)" if np.isnan(low) else f"{low:+.4f} .. {high:+.4f}"
+        lines.append(f"| {other} | {mean:+.4f} | {ci} | {sum(d > 0 for d in diffs)}/{len(diffs)} | "
+                     f"{sum(d > 0 for d in runs)}/{len(runs)} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", default="synthetic:60", help="cluster (default synthetic:60)")
@@ -77,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"a subset of {','.join(WORKLOADS)}")
     ap.add_argument("--extra", default="", help="more policies, e.g. model:latest")
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--paired", default="", help="the policy compared seed by seed with every other "
+                    "(default: the first model:* policy; none: no paired table)")
     ap.add_argument("--json", default=None, help="write every workload's report here")
     args = ap.parse_args(argv)
     try:
@@ -85,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         workloads = tuple(w for w in args.workloads.split(",") if w)
         if not workloads or set(workloads) - set(WORKLOADS):
             raise ValueError(f"--workloads must name some of {', '.join(WORKLOADS)}, got {args.workloads!r}")
+        subject = args.paired or next((p for p in policies if p.startswith("model:")), "")
+        if subject and subject != "none" and subject not in policies:
+            raise ValueError(f"--paired {subject!r} is not among the policies run")
         start = time.perf_counter()
         reports = suite(args.nodes, policies, seeds, args.horizon, args.workers, workloads)
     except (EvalError, ValueError, KeyError) as err:
@@ -97,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(seeds)} seeds = {len(policies) * len(workloads) * len(seeds)} runs in {wall:.0f} s wall "
           f"({args.workers} worker(s)).\n")
     print(summary_tables(reports, policies))
+    if subject and subject != "none":
+        print("\n" + paired_table(reports, policies, subject))
     for w, rep in reports.items():
         print(f"\n### synthetic:{w}\n")
         print(markdown_table(rep))
