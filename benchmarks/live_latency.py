@@ -16,6 +16,9 @@ benchmark: they share the cores with inference) and the 1-minute load average at
 
     nice .venv/bin/python benchmarks/live_latency.py --nodes openb:all --rate 100 --pods 3000 --policy model:default
 
+``--sync always``: nats-server fsyncs every stored message before its PubAck, as the server ``agmarl up``
+embeds and ``deploy/nats/nats.conf`` run it (issue 14's durability); without it, nats-server's default.
+
 ``--profile FILE``: py-spy (in the venv) samples the inference process over the measured decisions, to FILE.
 py-spy samples threads that are running or runnable (wall clock), not CPU time: on a loaded machine a
 syscall that wakes another process (the socket write to nats-server) looks far more expensive than it is.
@@ -78,7 +81,7 @@ def pct(values: list[float], q: float) -> float:
 
 async def run(args: argparse.Namespace) -> dict:
     work = Path(tempfile.mkdtemp(prefix="agmarl-live-latency-"))
-    ns = NatsServer(store_dir=work / "js")
+    ns = NatsServer(store_dir=work / "js", sync_interval=args.sync or None)
     ns.start()
     cluster = "bench"
     env = {**os.environ, "NATS_URL": ns.url, "AGMARL_CLUSTER": cluster, "AGMARL_HTTP_PORT": "0",
@@ -210,6 +213,8 @@ def main() -> int:
     ap.add_argument("--objective", default="composite", choices=("composite", "allocation"))
     ap.add_argument("--explain", action="store_true", help="add the model's explanation to each decision")
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--sync", default="", help="nats-server's JetStream sync_interval (e.g. always: every stored "
+                    "message fsynced before its PubAck, as `agmarl up` runs it); default: nats-server's own (2 min)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--keep", action="store_true", help="keep the run's folder (service logs, JetStream store)")
     ap.add_argument("--profile", default=None,
