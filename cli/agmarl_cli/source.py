@@ -11,17 +11,16 @@ A flag wins over the same ``AGMARL_*`` variable in the shell, which wins over th
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from agmarl_common.core.cluster.specs import AGMARL_SCHEDULER
 from agmarl_common.kube.client import resolve
+from agmarl_common.kube.names import is_dns1123
 
 SIM_CLUSTER = "sim"
 KUBE_CLUSTER = "default"  # AGMARL_CLUSTER in deploy/k8s/base/kustomization.yaml
-_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # a DNS-1123 label: safe as a subject token too
 
 
 @dataclass(frozen=True)
@@ -34,8 +33,8 @@ class UpSource:
 
 
 def _name(flag: str, value: str) -> str:
-    if not _NAME.match(value):
-        raise SystemExit(f"agmarl: {flag} {value!r}: use lowercase letters, digits and '-' (a DNS-1123 label)")
+    if not is_dns1123(value):  # a DNS-1123 label: safe as a subject token too
+        raise SystemExit(f"agmarl: {flag} {value!r}: use 1-63 lowercase letters, digits and '-' (a DNS-1123 label)")
     return value
 
 

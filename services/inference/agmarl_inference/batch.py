@@ -44,11 +44,12 @@ from agmarl_common.core.cluster.model import ClusterState, pod_from_dict, state_
 from agmarl_common.core.cluster.view import ClusterView
 from agmarl_common.core.cluster.specs import AGMARL_BATCH_SCHEDULER
 from agmarl_common.kube.client import load_api_client
+from agmarl_common.kube.names import InvalidName, check_name
 from agmarl_common.core.policies.base import Policy
 from agmarl_common.core.policies.registry import get_policy
 from agmarl_common.runtime.service import HandlerContext, ServiceRuntime
 from agmarl_inference.batchcore import Ledger, Placement, decide_batch
-from agmarl_inference.bindworker import BindWorker, Hello, InvalidName, check_name
+from agmarl_inference.bindworker import BindWorker, Hello
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ big-endian length, then the payload.
 - first frame, parent -> child: pickled ``Hello`` (the API client's ``Configuration``, or the kubeconfig and
   context to load one from; threads; the per-request timeout); the child answers ``[]`` once it is ready;
 - then parent -> child: JSON ``[[ticket, namespace, name, node], ...]`` (the names already checked with
-  ``check_name``); child -> parent: JSON ``[[ticket, status, reason], ...]``, status the HTTP status (2xx:
-  bound) or 0 for a request that got no answer (timeout, connection error; ``reason`` says which).
+  ``kube.names.check_name``); child -> parent: JSON ``[[ticket, status, reason], ...]``, status the HTTP status
+  (2xx: bound) or 0 for a request that got no answer (timeout, connection error; ``reason`` says which).
 
 The child ends with its parent (``PR_SET_PDEATHSIG``, and its stdin closing); it ends by itself when its stdin
 closes, after the Bindings it holds are answered (``BindWorker.close`` drains it that way). In the parent, a
@@ -27,7 +27,6 @@ import json
 import os
 import pickle
 import queue
-import re
 import signal
 import struct
 import sys
@@ -41,30 +40,15 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from agmarl_common.kube.client import load_api_client
+from agmarl_common.kube.names import check_name
 from agmarl_common.runtime.lifetime import die_with_parent
 
 BINDING_PATH = "/api/v1/namespaces/{namespace}/pods/{name}/binding"
-_DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
-_NAMES = {"namespace": (re.compile(_DNS_LABEL), 63),  # a namespace is a DNS-1123 label ...
-          "pod": (re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*"), 253),  # ... pod and node names subdomains
-          "node": (re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*"), 253)}
-
-
-class InvalidName(ValueError):
-    """A namespace, pod or node name Kubernetes would never accept: no Binding can bind it."""
-
-
-def check_name(what: str, value: object) -> str:
-    pattern, longest = _NAMES[what]
-    if not isinstance(value, str) or len(value) > longest or not pattern.fullmatch(value):
-        kind = "label" if what == "namespace" else "subdomain"
-        raise InvalidName(f"invalid {what} name {value!r} (not a DNS-1123 {kind})")
-    return value
 
 
 def create_binding(api: client.CoreV1Api, namespace: str, name: str, node: str, timeout: float) -> None:
     """POST pods/{name}/binding through ``api``; raises ApiException on a
-    non-2xx answer, ``InvalidName`` (before any request) for a name Kubernetes would refuse. The request is
+    non-2xx answer, ``kube.names.InvalidName`` (before any request) for a name Kubernetes would refuse. The request is
     built and sent by the official client's ``ApiClient`` (``param_serialize`` and ``call_api``: its host,
     auth, default headers, path quoting, REST layer and timeouts) as ``create_namespaced_pod_binding`` does,
     minus its per-call pydantic validation and ``V1Binding`` models: the body is a plain dict, the names are

@@ -18,10 +18,11 @@ from agmarl_common.core.cluster.filters import filter_node, violations
 from agmarl_common.core.cluster.model import ClusterState, Node, Pod, bind, state_to_dict, to_dict
 from agmarl_common.core.cluster.specs import AGMARL_BATCH_SCHEDULER, AGMARL_SCHEDULER
 from agmarl_common.core.policies.registry import get_policy
+from agmarl_common.kube.names import InvalidName
 from agmarl_common.runtime.service import ServiceRuntime
 from agmarl_testing.k8s_api import StandInApiServer, node_json, pod_json
 from agmarl_inference.batch import BatchConfig, start_batch_mode
-from agmarl_inference.bindworker import InvalidName, create_binding
+from agmarl_inference.bindworker import create_binding
 from agmarl_inference.batchcore import Ledger, batch_order, decide_batch
 from agmarl_inference.settings import InferenceSettings
 
