@@ -81,6 +81,21 @@ def stop_metrics_server(port: int, timeout: float = 2.0) -> None:
     thread.join(timeout)
 
 
+class Memo(dict):
+    """Values computed once per key (``memo[key]``), all forgotten at once when ``limit`` keys are held (many
+    distinct keys, e.g. reply inboxes: one subject per request). The one bounded memo of this module."""
+
+    def __init__(self, compute: Callable, limit: int = CHILDREN_LIMIT):
+        super().__init__()
+        self.compute, self.limit = compute, limit
+
+    def __missing__(self, key):
+        if len(self) >= self.limit:
+            self.clear()
+        value = self[key] = self.compute(key)
+        return value
+
+
 class Children:
     """A labelled family's children by label values, each looked up once: ``labels()`` checks the values
     and takes the family's lock on every call, a few microseconds per message on a hot path. Only for
@@ -88,16 +103,10 @@ class Children:
 
     def __init__(self, family: Counter | Histogram, limit: int = CHILDREN_LIMIT):
         self.family = family
-        self.limit = limit
-        self._kids: dict[tuple[str, ...], object] = {}
+        self._kids = Memo(lambda values: family.labels(*values), limit)
 
     def __call__(self, *values: str):
-        kid = self._kids.get(values)
-        if kid is None:
-            if len(self._kids) >= self.limit:  # many distinct values (reply inboxes): forget, look up again
-                self._kids.clear()
-            kid = self._kids[values] = self.family.labels(*values)
-        return kid
+        return self._kids[values]
 
 
 class MiddlewareMetrics:
@@ -120,16 +129,11 @@ class MiddlewareMetrics:
         # per message: the children of a subject (its collapsed label computed once)
         self._received, self._published, self._duration = (Children(f) for f in (self.received, self.published,
                                                                                   self.duration))
-        self._labels: dict[str, str] = {}
+        self._labels = Memo(subject_label)
 
     def label(self, subject: str) -> str:
         """``subject_label(subject)``, remembered (bounded: reply inboxes are one subject per request)."""
-        value = self._labels.get(subject)
-        if value is None:
-            if len(self._labels) >= CHILDREN_LIMIT:
-                self._labels.clear()
-            value = self._labels[subject] = subject_label(subject)
-        return value
+        return self._labels[subject]
 
     def on_received(self, subject: str) -> None:
         self._received(self.service, self.label(subject)).inc()
