@@ -7,9 +7,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
+
+from agmarl_testing.processes import ProcessWatch, descendants
 
 # the parent starts a child that arms die_with_parent, prints the child's pid, then waits to be killed
 PYTHON_CHILD = r"""
@@ -23,6 +24,21 @@ print(child.pid, state, flush=True)
 import time; time.sleep(60)
 """
 
+# the parent starts a child from a multiprocessing fork server (as the trainer starts a run); the child arms
+# die_with_parent, the parent prints its pid, then waits to be killed
+FORK_SERVER_CHILD = r"""
+import multiprocessing, time
+ctx = multiprocessing.get_context("forkserver")
+ready = ctx.Event()
+child = ctx.Process(target=exec, args=(
+    "from agmarl_common.runtime.lifetime import die_with_parent; import time; "
+    "die_with_parent(); ready.set(); time.sleep(60)", {"ready": ready}))
+child.start()
+assert ready.wait(60)
+print(child.pid, "armed", flush=True)
+time.sleep(60)
+"""
+
 # the parent starts a nats-server that ends with it (or not), prints the server's pid, then waits to be killed
 NATS_CHILD = r"""
 import sys, time
@@ -33,44 +49,40 @@ time.sleep(60)
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie (reaped later by init) counts as gone
-        return f.read().split(") ", 1)[1][0] != "Z"
-
-
-def _kill_parent_and_watch(code: str, *args: str) -> tuple[bool, int]:
-    """Start ``code`` as the parent, SIGKILL it once it has printed its child's pid; returns whether the
-    child ended within 10 s, and the child's pid."""
+def _kill_parent_and_watch(code: str, *args: str) -> tuple[list[int], int]:
+    """Start ``code`` as the parent, SIGKILL it once it has printed its child's pid; returns the processes it
+    had started (children and theirs) still running 10 s later, then killed, and the child's pid."""
     parent = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, text=True)
-    child = 0
     try:
         pid, state = parent.stdout.readline().split()
-        child = int(pid)
-        assert state == "armed" and _alive(child)
-        os.kill(parent.pid, signal.SIGKILL)
-        parent.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while _alive(child) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return not _alive(child), child
+        started = descendants(parent.pid)
+        assert state == "armed" and int(pid) in started, (state, started)
+        with ProcessWatch(started) as watch:
+            os.kill(parent.pid, signal.SIGKILL)
+            parent.wait(timeout=10)
+            left = watch.running(timeout=10)
+            watch.kill(left)
+        return left, int(pid)
     finally:
-        for pid in (parent.pid, child):
-            if pid and _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        if parent.poll() is None:
+            parent.kill()
         parent.wait(timeout=10)
 
 
 def test_a_python_child_ends_when_its_parent_is_killed():
-    ended, _ = _kill_parent_and_watch(PYTHON_CHILD)
-    assert ended, "the child outlived its killed parent"
+    left, _ = _kill_parent_and_watch(PYTHON_CHILD)
+    assert not left, "the child outlived its killed parent"
+
+
+def test_a_fork_server_and_its_armed_child_end_when_the_parent_that_started_them_is_killed():
+    # the child's parent is the fork server, which lived on while the child held its "alive" pipe: the
+    # trainer's run (and its own server and workers) outlived a killed trainer under init
+    left, child = _kill_parent_and_watch(FORK_SERVER_CHILD)
+    assert not left, f"{left} (child {child}) outlived the killed parent"
 
 
 @pytest.mark.parametrize("armed", [True, False])
 def test_nats_server_ends_with_its_parent_only_when_asked(armed, tmp_path):
-    ended, child = _kill_parent_and_watch(NATS_CHILD, "1" if armed else "0", str(tmp_path))
+    left, child = _kill_parent_and_watch(NATS_CHILD, "1" if armed else "0", str(tmp_path))
     # unarmed (tests, benchmarks): the server lives on in its own session until someone stops it
-    assert ended is armed, f"nats-server {child} {'outlived' if armed else 'ended with'} its killed parent"
+    assert (child not in left) is armed, f"nats-server {child} {'outlived' if armed else 'ended with'} its killed parent"

@@ -1,8 +1,10 @@
 """Child processes that end with their parent.
 
 The trainer's run process and the rollout/evaluation workers of its process pools (``pool_worker``, their
-initializer) call ``die_with_parent`` first: Linux then sends them SIGTERM when the process that started them ends, however it ends (a SIGKILL
-from a supervisor included), so no worker outlives the trainer and keeps a core busy. Elsewhere (no
+initializer) call ``die_with_parent`` first: Linux then sends them SIGTERM when their parent ends, however it
+ends (a SIGKILL from a supervisor included). Their parent is a fork server (the run's, the trainer's); it ends
+with the process that started it, since ``die_with_parent`` also lets go of the server's "alive" pipe. So no
+worker outlives the trainer and keeps a core busy. Elsewhere (no
 ``prctl``) it does nothing; the run's process group (``app._stop``) still covers an orderly stop.
 ``die_with_parent`` itself lives in ``agmarl_common.runtime.lifetime`` (nats-server under ``agmarl up`` uses it too).
 """

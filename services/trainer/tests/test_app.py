@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import time
 import uuid
 
@@ -21,6 +22,8 @@ from agmarl_common.core.cluster.filters import feasible_nodes
 from agmarl_common.core.cluster.model import ClusterState, bind, state_to_dict, to_dict
 from agmarl_common.runtime.service import ServiceRuntime
 from agmarl_common.core.sim import synthetic
+from agmarl_testing.fixtures import wait_healthy
+from agmarl_testing.processes import ProcessWatch, descendants
 from agmarl_trainer.app import TrainerApp, config_for, verdict_detail
 from agmarl_trainer.settings import TrainerSettings
 
@@ -241,6 +244,42 @@ def _state(pid: int) -> str:
         return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "gone"
+
+
+async def test_a_trainer_killed_outright_takes_every_process_of_its_run_with_it(nats_url, service_processes):
+    """SIGKILL to the trainer service while a run is in flight: its fork server, the run forked from it, the
+    run's own fork server and rollout workers, and the resource tracker all end (a CI run left such chains
+    running under init: every fork-server child held the server's "alive" pipe, so the server outlived the
+    trainer, and the run, whose parent is the server, never got its parent-death signal)."""
+    cluster = f"trainer-kill-{uuid.uuid4().hex[:6]}"
+    proc = service_processes("agmarl_trainer", env={"AGMARL_NATS_URL": nats_url, "AGMARL_CLUSTER": cluster})
+    bus = await Bus.connect(nats_url, name="test-trainer-kill")
+    previous = await bus.kv_get(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY)
+    await bus.kv_put(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY, m.PolicySelection(
+        policy="kube-resources", reason="test: the run starts from the shipped model", time=time.time()))
+    try:
+        await wait_healthy(bus, "trainer", timeout=60, proc=proc)
+        reply = await bus.request(subjects.train_request(), request("k1"), m.TrainStatus, timeout=5)
+        assert reply.status == "accepted", reply.detail
+        tree: dict[int, tuple[int, str]] = {}
+        for _ in range(480):  # until a rollout worker is up: trainer > fork server > run > its fork server > worker
+            tree = descendants(proc.pid)
+            if max((depth for depth, _ in tree.values()), default=0) >= 4 or proc.returncode is not None:
+                break
+            await asyncio.sleep(0.25)
+        assert max((depth for depth, _ in tree.values()), default=0) >= 4, (tree, proc.output()[-3000:])
+    finally:
+        if previous is not None:  # the shared selection as it was
+            await bus.kv_put(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY, previous)
+        await bus.close()
+    with ProcessWatch(tree) as watch:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.proc.wait(timeout=10)
+        # bounded: each server ends once its starter has (a Python exit, slow only on a starved CPU: ~100 s seen
+        # with the test in a nice-19 autogroup on a loaded 2-core machine)
+        survivors = watch.running(timeout=240)
+        watch.kill(survivors)
+    assert not survivors, [f"{p}: {tree[p][1][:120]}" for p in survivors]
 
 
 def test_force_is_read_from_the_evidence():

@@ -4,10 +4,18 @@ Linux's ``PR_SET_PDEATHSIG``: the kernel sends the child a signal when the threa
 ``die_with_parent`` arms it in the calling process (a Python child: the trainer's run and pool workers);
 ``pdeathsig_preexec`` gives a ``subprocess.Popen(preexec_fn=...)`` that arms it in a child before it execs
 another program (nats-server under ``agmarl up``). Elsewhere (no ``prctl``) both do nothing.
+
+A child of a ``multiprocessing`` fork server (the trainer's run, its pool workers) has the server for parent,
+and the server stays up while any process holds the write end of its "alive" pipe, which every child it
+forks inherits. So ``die_with_parent`` also closes that inherited end: otherwise a run kept its server alive
+after the process that started the server was killed, and the server, its parent, kept the run alive (a
+chain under init). With it, the server ends when the process that started it ends (the pipe reads EOF), and
+the server's children get their signal in turn.
 """
 from __future__ import annotations
 
 import ctypes
+import multiprocessing.forkserver
 import os
 import signal
 import sys
@@ -28,13 +36,27 @@ def _prctl():
 
 def die_with_parent(sig: int = signal.SIGTERM) -> bool:
     """Ask the kernel for ``sig`` when the parent ends; True when it is armed. A parent that is already
-    gone (this process re-parented before the call) ends this one at once."""
+    gone (this process re-parented before the call) ends this one at once. In a fork server's child, the
+    inherited end of the server's "alive" pipe is closed first (see the module docstring)."""
+    parent = os.getppid()
+    _release_fork_server()  # a fork server whose starter is gone ends now: prctl below must see that
     prctl = _prctl()
     if prctl is None or prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
         return False
-    if os.getppid() == 1:  # the parent died between fork and prctl
+    now = os.getppid()
+    if now == 1 or now != parent:  # the parent died before prctl (re-parented to init or a subreaper)
         os.kill(os.getpid(), sig)
     return True
+
+
+def _release_fork_server() -> None:
+    """Close the write end of the "alive" pipe of the fork server this process was forked from, if any (a
+    process that started a fork server itself keeps its own: ``_forkserver_pid`` is set there)."""
+    server = multiprocessing.forkserver._forkserver
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is not None and getattr(server, "_forkserver_pid", None) is None:
+        server._forkserver_alive_fd = None
+        os.close(fd)
 
 
 def pdeathsig_preexec(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
