@@ -8,9 +8,9 @@ Components (all in [0, 1], higher is better):
 - ``utilisation``: mean requested/allocatable, rising to 1 at 80 % and falling to 0.5 at 100 %;
 - ``balance``: 1 - 2 * std of per-node utilisation (variance across nodes);
 - ``sla``: mean of ``pending`` (share of pods seen in the window not left waiting), ``wait``
-  (1 / (1 + mean pending time / 30 s)), ``failed`` (share not failed: failed starts, timeouts,
-  evictions, refused binds) and ``ls_ok`` (share of latency-sensitive pods, qos LS, not on a node
-  whose cpu pressure exceeds 80 %);
+  (1 / (1 + mean pending time / 30 s)), ``failed`` (share not failed: failed pods, evicted ones not
+  restarted among them, pending timeouts, refused binds; ``outcomes_from_stats``) and ``ls_ok`` (share of
+  latency-sensitive pods, qos LS, not on a node whose cpu pressure exceeds 80 %);
 - ``constraints``: 1 - hard-constraint violations per bound pod (0 when there are as many as pods);
 - ``business``: mean of ``io_locality`` (share of IO-heavy pods, label ``agmarl.io/io-heavy=true``,
   on local-SSD nodes, label ``agmarl.io/local-ssd=true``) and ``net_locality`` (network-heavy pods,
@@ -65,7 +65,7 @@ class Outcomes:
 
     pending: int = 0  # pods still waiting at the end of the window
     scheduled: int = 0  # pods bound in the window
-    failed: int = 0  # failed starts, unschedulable timeouts, evictions
+    failed: int = 0  # pods gone for good: failed (evicted, not restarted), unschedulable timeouts, refused binds
     violations: int = 0  # hard-constraint violations found in the state
     pending_time_s: float = 0.0  # mean time the waiting pods have waited
 
@@ -377,7 +377,12 @@ def scheme_reward(state: ClusterState, outcomes: Outcomes, scheme: RewardScheme)
 
 def outcomes_from_stats(before: Mapping[str, float], after: Mapping[str, float],
                         pending_time_s: float = 0.0) -> Outcomes:
-    """Window outcomes from two cumulative counter snapshots (simulator ``snapshot_stats`` names)."""
+    """Window outcomes from two cumulative counter snapshots (simulator ``snapshot_stats`` names), the one
+    definition (the reward-calculator, the trainer and the simulator's ``window_outcomes``): ``failed`` counts
+    the pods that failed (an evicted pod that is not restarted: ``failed``), timed out pending
+    (``unschedulable``) or were refused at bind (``bind_rejected``). An evicted pod that is queued again
+    (``restarted``) is not failed: it is pending again, then bound, or failed if it times out, and counted
+    then; counting the eviction too would count it twice in ``pending + scheduled + failed``."""
     def delta(key: str) -> int:
         return max(0, int(after.get(key, 0)) - int(before.get(key, 0)))
 

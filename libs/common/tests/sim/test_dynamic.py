@@ -8,6 +8,7 @@ import pytest
 from agmarl_common.core.cluster import model
 from agmarl_common.core.cluster.model import ClusterState, Node, Pod, PodAffinityTerm, LabelSelector
 from agmarl_common.core.policies.base import PolicyBase
+from agmarl_common.core.reward import outcomes_from_stats
 from agmarl_common.core.sim import dynamic
 from agmarl_common.core.sim.dynamic import SimConfig, advance, bind, reset, run, snapshot_stats
 from agmarl_common.core.sim.loadcurve import flat_curve
@@ -188,6 +189,21 @@ def test_random_evictions_requeue_running_pods():
     assert [(e.type, e.reason) for e in ev] == [("pod_evicted", "evicted; requeued")]
     assert "default/a" in s.pending and s.counters.evicted == 1 and not s.down
 
+
+
+@pytest.mark.parametrize("policy", ["requeue", "fail"])
+def test_an_evicted_pod_is_a_failure_of_the_window_only_when_it_is_not_restarted(policy):
+    # the simulator's window counts as the reward-calculator and the trainer do (reward.outcomes_from_stats):
+    # a requeued pod is pending again, not failed as well (it counted as both before); one that is gone failed
+    s, _ = advance(reset(_nodes(), [_pod("a", 0.0), _pod("b", 0.0)]), 1.0)
+    s, _ = bind(s, "default/a", "n0")
+    before = s.counters
+    s, _ = advance(s, 1.0, SimConfig(eviction_rate=1e12, restart_policy=policy))
+    assert s.counters.evicted - before.evicted == 1 and "default/b" in s.pending
+    out = dynamic.window_outcomes(s, before)
+    assert (out.pending, out.scheduled, out.failed) == ((2, 0, 0) if policy == "requeue" else (1, 0, 1))
+    assert out == outcomes_from_stats(before.as_dict(), {**snapshot_stats(s), "violations": 0},
+                                      dynamic.mean_pending_wait(s))
 
 def test_evicted_then_rebound_pod_departs_on_its_new_end_only():
     s, _ = advance(reset(_nodes(), [_pod("a", 0.0, duration=10.0)]), 1.0)

@@ -16,7 +16,7 @@ import numpy as np
 
 from agmarl_common.core.cluster.model import ClusterState, Node, Pod
 from agmarl_common.core.cluster import metrics as state_metrics
-from agmarl_common.core.reward import Outcomes
+from agmarl_common.core.reward import Outcomes, outcomes_from_stats
 from agmarl_common.core.sim import metrics
 
 EVENT_TYPES = ("pod_added", "pod_bound", "pod_deleted", "pod_failed", "pod_evicted",
@@ -150,12 +150,10 @@ def mean_pending_wait(state: SimState) -> float:
 
 def window_outcomes(state: SimState, before: SimCounters, violations: int = 0) -> Outcomes:
     """What happened since the counters ``before``, as the composite reward reads it: pods still pending and
-    how long they have waited, pods bound, pods that failed (unschedulable, evicted or refused at bind)."""
-    c, b = state.counters, before
-    return Outcomes(pending=len(state.pending), scheduled=c.bound - b.bound,
-                    failed=(c.unschedulable - b.unschedulable) + (c.evicted - b.evicted)
-                    + (c.bind_rejected - b.bind_rejected), violations=violations,
-                    pending_time_s=mean_pending_wait(state))
+    how long they have waited, pods bound, pods failed. ``reward.outcomes_from_stats`` defines them, for the
+    reward-calculator and the trainer too: an evicted pod that is queued again is not failed."""
+    after = {**state.counters.as_dict(), "pending": len(state.pending), "violations": violations}
+    return outcomes_from_stats(before.as_dict(), after, mean_pending_wait(state))
 
 
 def snapshot_stats(state: SimState, threshold: float = state_metrics.SLA_CPU_THRESHOLD) -> dict[str, float]:
