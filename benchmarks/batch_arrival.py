@@ -36,7 +36,10 @@ same groups:
                          candidate places every pod of the group and keeps room for as many multi-GPU pods as
                          FGD's placement; later groups meet a different cluster, so its safety at other loads
                          is measured (``--ratio``), not given; ``--fit-judge-all`` judges on futures with the
-                         multi-GPU pods too instead of refusing plans that leave less room for them (tuning only);
+                         multi-GPU pods too instead of refusing plans that leave less room for them (not the
+                         default: it dropped an 8-GPU pod at 0.8 x, docs/evaluation.md); ``--fit-pod-floor K``
+                         refuses a plan after which fewer nodes than min(K, before the group) take one of the
+                         workload's multi-GPU pod shapes; ``--fit-plan-all`` plans against futures with them too;
 - ``optimum``            the offline ceiling (``sim.optimum``, HiGHS MIP): the most GPU milli any placement of
                          all the run's pods allocates; started from the best heuristic's final cluster,
                          ``--time-limit`` s per seed: when not proven optimal the best value found and the
@@ -150,6 +153,10 @@ def main() -> None:
     ap.add_argument("--fit-evals", type=int, default=WholePlanning.evals, help="planned:fgd's judging futures")
     ap.add_argument("--fit-judge-all", action="store_true",
                     help="planned:fgd judges on futures with multi-GPU pods too instead of refusing plans by whole_room")
+    ap.add_argument("--fit-pod-floor", type=int, default=WholePlanning.pod_floor,
+                    help="refuse a plan after which fewer nodes than min(this, before the group) take a multi-GPU pod")
+    ap.add_argument("--fit-plan-all", action="store_true",
+                    help="planned:fgd plans against futures with multi-GPU pods too (tried, not kept)")
     ap.add_argument("--placers", default="", help="comma-separated subset of the placers (seq:fgd always runs)")
     ap.add_argument("--json", default="", help="write per-seed figures here")
     args = ap.parse_args()
@@ -186,7 +193,9 @@ def main() -> None:
                                                eval_fill=args.eval_fill, overflow_weight=args.overflow_weight, exact=True,
                                                fit=WholePlanning(plans=args.fit_plans, evals=args.fit_evals,
                                                                  keep_room=not args.fit_judge_all,
-                                                                 judge_all=args.fit_judge_all))}
+                                                                 judge_all=args.fit_judge_all,
+                                                                 pod_floor=args.fit_pod_floor,
+                                                                 plan_all=args.fit_plan_all))}
         if not args.no_clairvoyant:
             placers["joint:fgd:clairvoyant"] = ClairvoyantJoint(plan, FgdPolicy(seed), args.orders, seed)
         if "seq:model:default" in names:

@@ -4,7 +4,9 @@ import pytest
 from agmarl_common.core.cluster.filters import violations
 from agmarl_common.core.cluster.model import ClusterState, Node, Pod, PodAffinityTerm, LabelSelector, Taint
 from agmarl_common.core.policies.fgd import FgdPolicy
-from agmarl_common.core.policies.joint import SwitchPlacer, WholePlanning, place_whole, plan_whole, typical
+from agmarl_common.core.policies import joint
+from agmarl_common.core.policies.joint import (SwitchPlacer, WholePlanning, multi_gpu_shapes, place_whole, plan_whole,
+                                              pod_room, typical)
 from agmarl_common.core.policies.packing import pack_group
 from agmarl_common.core.sim.batches import BatchPlan, SequentialPlacer, apply_binds, place_in_order, run_batches
 
@@ -168,7 +170,9 @@ def test_the_planned_placer_places_every_pod_while_everything_fits_and_passes_th
 
 
 @pytest.mark.parametrize("seed", range(3))
-@pytest.mark.parametrize("kw", [{}, {"keep_room": False, "judge_all": True}])
+@pytest.mark.parametrize("kw", [{}, {"keep_room": False, "judge_all": True},
+                                {"keep_room": False, "judge_all": True, "plan_all": True},
+                                {"keep_room": False, "judge_all": True, "pod_floor": 2}])
 def test_the_planned_placer_is_deterministic(seed, kw):
     plan = random_plan(seed, n_groups=6, size=8)  # later groups overflow: the knapsack runs as well
     first, second = run_batches(plan, planned(seed, **kw), SHAPES), run_batches(plan, planned(seed, **kw), SHAPES)
@@ -211,6 +215,41 @@ def test_a_plan_never_places_fewer_pods_than_the_sequential_placement():
                       WholePlanning(plans=3, evals=2))
     assert sorted(k for k, _, _ in out) == [0, 1]
     assert violations(apply_binds(group, out, state)) == []
+
+
+def test_planning_futures_from_the_whole_workload_cover_its_multi_gpu_pods():
+    placer = planned(0, keep_room=False, judge_all=True, plan_all=True)
+    run_batches(random_plan(0, n_groups=2, size=3), placer, SHAPES)
+    assert {p.num_gpu for p in placer.plan_pool} == {0, 1, 2, 4}  # the modelled pods of SHAPES, multi-GPU too
+    assert all((p.num_gpu, p.gpu_milli) in placer.shapes for p in placer.plan_pool)
+    assert planned(0).plan_pool == ()  # off by default: the planning futures ask at most one GPU
+
+
+def test_a_plan_leaving_no_node_for_a_multi_gpu_pod_that_fgds_placement_leaves_one_is_refused(monkeypatch):
+    # two 2-GPU nodes, both whole: FGD's placement stacks the two 300-milli shares on one device (node m stays
+    # whole); the plan puts one share on each node: the judges (700-milli shares) prefer it, but no node then
+    # takes the 2-GPU pod (floor 1: one node did before the group)
+    state, rank = ClusterState.empty((TWO_GPUS, Node("m", cpu_milli=32000, memory_mib=65536, gpu_count=2,
+                                                     gpu_model="T4"))), np.arange(2)
+    group = [pod("s0", 1000, 1, 300), pod("s1", 1000, 1, 300)]
+    pool, big = [pod(f"w{i}", 1000, 1, 700) for i in range(4)], (pod("big", 8000, 2, 1000),)
+    fgd = FgdPolicy(0)
+    fgd.observe_workload(pool + group)
+    stacked, spread = [(0, 0, (0,)), (1, 0, (0,))], [(0, 0, (0,)), (1, 1, (0,))]
+    monkeypatch.setattr(joint, "plan_whole", lambda *a, **k: list(spread))
+    assert pod_room(apply_binds(group, stacked, state), big) == (1,)
+    assert pod_room(apply_binds(group, spread, state), big) == (0,)
+    for floor, want in ((0, spread), (1, stacked), (2, stacked)):
+        how = WholePlanning(plans=1, evals=2, keep_room=False, pod_floor=floor)
+        out = place_whole(fgd, group, state, rank, stacked, pool, typical(pool), np.random.default_rng(0), how,
+                          big=big)
+        assert out == want
+
+
+def test_multi_gpu_shapes_keeps_one_pod_per_multi_gpu_request():
+    pods = [pod("a", 4000, 2, 1000), pod("b", 4000, 2, 1000), pod("c", 8000, 2, 1000), pod("d", 1000, 1, 500),
+            pod("e", 6000, 4, 1000)]
+    assert [p.name for p in multi_gpu_shapes(pods)] == ["a", "c", "e"]
 
 
 def test_typical_keeps_the_most_common_pod_per_gpu_request():

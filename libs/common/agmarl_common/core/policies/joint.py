@@ -37,7 +37,9 @@ With ``fit`` (``WholePlanning``, the ``planned:`` placer) a group that fits is p
 whole: ``place_whole`` tries, besides FGD's sequential placement, MIPs that place every pod of the group
 together with the most GPU milli of an imagined future (``plan_whole``), and keeps the candidate after
 which other imagined futures pack the most GPU milli; a candidate that leaves room for fewer multi-GPU pods
-than the sequential placement (``whole_room``) is refused.
+than the sequential placement (``whole_room``) is refused. Without that guard (``judge_all``: judged on futures
+with the multi-GPU pods instead) the plans spend the nodes FGD keeps whole and a large pod arriving later can
+find none; ``pod_floor`` keeps a few nodes for each multi-GPU pod shape (``pod_room``).
 
 ``ScenarioPlacer`` (its docstring) answers the question the order search cannot: on the batch-arrival
 protocol the idle GPU left at the end is mostly 190-milli slivers beside 810-milli shares, and no order
@@ -58,7 +60,7 @@ import numpy as np
 from agmarl_common.core.cluster.filters import feasible_mask, filter_node
 from agmarl_common.core.cluster.model import GPU_MILLI, ClusterState, Pod, bind
 from agmarl_common.core.policies.base import Policy, brief, gpu_free_row
-from agmarl_common.core.policies.packing import pack_group
+from agmarl_common.core.policies.packing import modelled, pack_group
 from agmarl_common.core.sim.batches import Bind, place_in_order
 from agmarl_common.core.sim.fragmentation import TargetWorkload, state_frag, target_workload
 
@@ -332,6 +334,8 @@ class WholePlanning:
     max_sols: int = 2  # a plan's MIP stops at its second improving solution (0: no such stop)
     keep_room: bool = True  # refuse a plan leaving room for fewer multi-GPU pods than FGD's placement
     judge_all: bool = False  # judging futures drawn from the whole briefed workload (multi-GPU pods too)
+    plan_all: bool = False  # planning futures drawn from the whole briefed workload (multi-GPU pods too)
+    pod_floor: int = 0  # refuse a plan after which fewer nodes than min(this, before the group) take a multi-GPU pod
 
 
 def whole_room(state: ClusterState, sizes: Sequence[int] = (2, 4, 8)) -> tuple[int, ...]:
@@ -340,6 +344,22 @@ def whole_room(state: ClusterState, sizes: Sequence[int] = (2, 4, 8)) -> tuple[i
     pods ask at most one GPU, so nothing else keeps room for the rare multi-GPU pods."""
     whole = (state.gpu_free() >= GPU_MILLI).sum(axis=1)
     return tuple(int((whole // k).sum()) for k in sizes)
+
+
+def pod_room(state: ClusterState, pods: Sequence[Pod]) -> tuple[int, ...]:
+    """Per pod of ``pods``: the nodes of ``state`` that pass its hard filter now (CPU, memory and devices
+    included, unlike ``whole_room``)."""
+    return tuple(int(feasible_mask(p, state).sum()) for p in pods)
+
+
+def multi_gpu_shapes(pods: Sequence[Pod]) -> tuple[Pod, ...]:
+    """One pod per distinct request of ``pods`` asking several GPUs (GPUs, milli, CPU, memory, GPU models), the
+    first in ``pods``' order: the pods ``WholePlanning.pod_floor`` keeps room for (13 in openb:default)."""
+    out: dict[tuple, Pod] = {}
+    for p in pods:
+        if p.num_gpu >= 2:
+            out.setdefault((p.num_gpu, p.gpu_milli, p.cpu_milli, p.memory_mib, p.gpu_spec), p)
+    return tuple(out.values())
 
 
 def plan_whole(group: Sequence[Pod], future: Sequence[Pod], state: ClusterState,
@@ -355,29 +375,40 @@ def plan_whole(group: Sequence[Pod], future: Sequence[Pod], state: ClusterState,
 
 def place_whole(policy: Policy, group: Sequence[Pod], state: ClusterState, rank: np.ndarray | None,
                 sequential: Sequence[Bind], pool: Sequence[Pod], shapes: dict[tuple[int, int], Pod],
-                rng: np.random.Generator, how: WholePlanning, judge_pool: Sequence[Pod] = ()) -> list[Bind]:
+                rng: np.random.Generator, how: WholePlanning, judge_pool: Sequence[Pod] = (),
+                plan_pool: Sequence[Pod] = (), big: Sequence[Pod] = ()) -> list[Bind]:
     """A group that fits placed whole: ``sequential`` (``policy``'s placement, one by one) or one of ``how.plans``
     ``plan_whole`` placements, each against an imagined future drawn from ``pool`` (``how.fill`` x the GPU milli
     free after the group; its pods reduced to ``shapes``, ``typical``), whichever leaves the cluster where a
     first-fit-decreasing packing of ``how.evals`` other imagined futures (``how.eval_fill`` x that free milli;
     the same for every candidate) places the most GPU milli; ties to ``sequential``. A candidate that places
     fewer pods than ``sequential`` is dropped, so every pod ``sequential`` places is placed, as is (``how.keep_room``)
-    one that leaves room for fewer multi-GPU pods (``whole_room``) than ``sequential``. ``judge_pool`` (when not
+    one that leaves room for fewer multi-GPU pods (``whole_room``) than ``sequential``,
+    and, with ``how.pod_floor`` > 0, a plan after which fewer nodes than min(``how.pod_floor``, the nodes before
+    the group) can take one of the multi-GPU pods ``big`` (``pod_room``: CPU and memory left beside the free
+    devices count; ``sequential`` is never refused by it, so only FGD's own placements use up the last nodes a
+    large pod fits, as in ``knapsack:``). ``judge_pool`` (when not
     empty): the pods the judging futures are drawn from instead (``how.judge_all``: the whole briefed workload,
-    multi-GPU pods included, so the judges rather than the guard weigh a node opened for shares)."""
+    multi-GPU pods included, so the judges rather than the guard weigh a node opened for shares); ``plan_pool``
+    (when not empty): the pods the planning futures are drawn from instead (``how.plan_all``; ``shapes`` must
+    cover them)."""
     after = float(state.gpu_free().sum()) - sum(p.gpu_milli_total for p in group)
     judges = [imagine(judge_pool or pool, how.eval_fill * after, rng) for _ in range(how.evals)]
     candidates = [list(sequential)]
     for _ in range(how.plans):
-        future = [shapes[p.num_gpu, p.gpu_milli] for p in imagine(pool, how.fill * after, rng)]
+        future = [shapes[p.num_gpu, p.gpu_milli] for p in imagine(plan_pool or pool, how.fill * after, rng)]
         binds = plan_whole(group, future, state, how)
         if binds is not None:
             candidates.append(binds)
+    big = big if how.pod_floor > 0 else ()
+    floor = tuple(min(c, how.pod_floor) for c in pod_room(state, big))
     best_key, best, room = None, list(sequential), None
     for binds in candidates:
         binds, end = commit(group, binds, state)
+        plan = room is not None
         room = whole_room(end) if room is None else room  # the sequential placement's, the first candidate
-        if len(binds) < len(sequential) or (how.keep_room and any(a < b for a, b in zip(whole_room(end), room))):
+        if len(binds) < len(sequential) or (how.keep_room and any(a < b for a, b in zip(whole_room(end), room))) \
+                or (plan and any(a < b for a, b in zip(pod_room(end, big), floor))):
             continue
         key = sum(future_milli(policy, f, end, rank) for f in judges)
         if best_key is None or key > best_key:
@@ -420,6 +451,8 @@ class SwitchPlacer:
         self.policy, self.exact, self.pack_fitting = policy, exact, pack_fitting
         self.fit, self.fit_rng = fit, np.random.default_rng(seed + 2)
         self.shapes: dict[tuple[int, int], Pod] = {}  # ``typical`` of the briefed pool (``fit``)
+        self.plan_pool: tuple[Pod, ...] = ()  # the briefed workload's modelled pods (``fit.plan_all``)
+        self.big: tuple[Pod, ...] = ()  # the briefed workload's multi-GPU pod shapes (``fit.pod_floor``)
         self.cpu_per_gpu = 0.0  # CPU milli per GPU of the briefed workload's GPU pods (``pack_fitting``)
         self.overflow_weight, self.overflow_search = overflow_weight, overflow_search
         self.hold_factor, self.search = hold_factor, search
@@ -432,7 +465,9 @@ class SwitchPlacer:
     def observe_workload(self, pods: Sequence[Pod]) -> None:
         self.joint.observe_workload(pods)
         self.scenario.observe_workload(pods)
-        self.shapes = typical(self.scenario.pool)
+        self.plan_pool = tuple(p for p in self.joint.workload if modelled(p)) if self.fit.plan_all else ()
+        self.shapes = typical(self.plan_pool or self.scenario.pool)
+        self.big = multi_gpu_shapes(self.joint.workload)
         gpus = sum(p.gpu_milli_total for p in pods) / GPU_MILLI
         self.cpu_per_gpu = sum(p.cpu_milli for p in pods if p.num_gpu) / gpus if gpus else 0.0
 
@@ -461,7 +496,8 @@ class SwitchPlacer:
         sequential = place_in_order(self.policy, group, range(len(group)), state, rank)[0]
         if self.fit.plans > 0 and self.scenario.pool:
             return place_whole(self.policy, group, state, rank, sequential, self.scenario.pool, self.shapes,
-                               self.fit_rng, self.fit, self.joint.workload if self.fit.judge_all else ())
+                               self.fit_rng, self.fit, self.joint.workload if self.fit.judge_all else (),
+                               self.plan_pool, self.big)
         if self.pack_fitting and len(sequential) == len(group) and self.cpu_per_gpu > 0:
             packed = pack_group(group, state, open_cost=1.0, cpu_per_gpu=self.cpu_per_gpu,
                                 short_cost=1.0 / self.cpu_per_gpu)
