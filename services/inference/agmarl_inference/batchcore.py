@@ -9,6 +9,12 @@
    passes ``filters.filter_node`` (and the policy's admission) against the state updated by the
    earlier picks (and has GPU devices), binding it into that state. The batch is therefore
    conflict-free: no node is ever over-committed and no pod goes to a node that fails the hard filter.
+   A policy whose score of a node depends only on the pod and that node (``local_scores``: FGD,
+   fgd-pack, kube-resources, most-allocated) has each pod's proposals brought up to the updated state
+   first: the nodes earlier picks took are scored again (the others' scores have not changed), so its
+   batch places every pod exactly as deciding them one at a time in the arbiter's order would. Other
+   policies' proposals keep the starting state's scores (a node taken earlier is re-checked, not
+   re-scored).
 
 ``Ledger`` keeps every pod the binder was given in exactly one status -- queued, binding, bound,
 unschedulable or gone -- with attempts and the last reason, so nothing is lost between a decision,
@@ -60,11 +66,12 @@ class Ranking(Sequence):
     """One pod's proposals, best first: ``(node index, score 0..100)`` items, score descending, ties ->
     lower node index. Sorted lazily: the first ``HEAD`` up front (a partial sort), the rest when asked."""
 
-    __slots__ = ("idx", "scores", "_head", "_order")
+    __slots__ = ("idx", "raw", "scores", "_head", "_order")
 
     def __init__(self, idx: np.ndarray, raw: np.ndarray):
         self.idx = np.asarray(idx, dtype=np.int64)
-        self.scores = normalise_scores(np.asarray(raw, dtype=float))
+        self.raw = np.asarray(raw, dtype=float)
+        self.scores = normalise_scores(self.raw)
         self._order: np.ndarray | None = None
         self._head = self._best(HEAD)
 
@@ -150,6 +157,21 @@ def _pod_terms(pod: Pod) -> bool:
     return bool(pod.topology_spread or pod.pod_affinity or pod.pod_anti_affinity)
 
 
+def current_ranking(pod: Pod, ranked: Ranking, state: ClusterState, policy: Policy, taken: np.ndarray) -> Ranking:
+    """``ranked`` (scored against the batch's starting state) brought up to ``state`` for a policy with
+    ``local_scores``: the pod's candidates as the hard filter and the policy's admission give them now, the
+    nodes ``taken`` since (and any new candidate) scored again, the others keeping their scores. Equal to
+    scoring every candidate against ``state``."""
+    cand = admitted(policy, pod, state, feasible_nodes(pod, state))
+    known = np.full(state.n_nodes, np.nan)
+    known[ranked.idx] = ranked.raw
+    raw = known[cand]
+    stale = taken[cand] | np.isnan(raw)
+    if stale.any():
+        raw[stale] = np.asarray(policy.score(pod, state, cand[stale]), dtype=float)
+    return Ranking(cand, raw)
+
+
 def arbitrate(order: list[Pod], proposals: Mapping[str, Sequence[tuple[int, float]]], state: ClusterState,
               policy: Policy, top: int = 5) -> tuple[list[Placement], ClusterState]:
     """Grant each pod (in ``order``) its best proposal that still passes the hard filter in the
@@ -167,9 +189,13 @@ def arbitrate(order: list[Pod], proposals: Mapping[str, Sequence[tuple[int, floa
     names = [nd.name for nd in state.nodes]
     taken = np.zeros(state.n_nodes, dtype=bool)  # nodes an earlier grant of this batch went to
     terms_granted = False  # an earlier grant has pod (anti-)affinity terms: other pods' filters may change
+    local = bool(getattr(policy, "local_scores", False))
     for position, pod in enumerate(order):
         ranked = proposals.get(pod.key, ())
         trusted = isinstance(ranked, Ranking) and not terms_granted and not _pod_terms(pod)
+        if local and isinstance(ranked, Ranking) and len(ranked) and (not trusted or taken[ranked.idx].any()):
+            ranked = current_ranking(pod, ranked, state, policy, taken)  # as if decided alone, now
+            trusted = True  # its candidates pass the hard filter in this state
         shown = {names[i]: round(s, 3) for i, s in ranked[:top]}
         refused = 0
         placed = None

@@ -37,6 +37,10 @@ class PolicyBase:
     """Default device choice and selection helpers; subclasses implement ``score``."""
 
     name = "base"
+    # True when a node's score depends only on the pod, that node's state and the policy's fixed context
+    # (no normalisation over the candidates, no other node's pods): batch mode then re-scores only the nodes
+    # a batch's earlier grants changed and places as one pod at a time would (batchcore.current_ranking)
+    local_scores = False
 
     def score(self, pod: Pod, state: ClusterState, candidates: np.ndarray) -> np.ndarray:
         raise NotImplementedError

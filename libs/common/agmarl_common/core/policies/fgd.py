@@ -194,6 +194,7 @@ class FgdPolicy(PolicyBase):
     """
 
     name = "fgd"
+    local_scores = True  # a node's score: its own fragmentation before and after (fgd-pack adds a node key)
 
     def __init__(self, seed: int = 0, target: TargetWorkload | None = None):
         self.seed = seed

@@ -106,6 +106,7 @@ class KubeResourcesPolicy(WeightedPluginsPolicy):
     """LeastAllocated + BalancedAllocation (1:1): the baseline used until a model exists."""
 
     name = "kube-resources"
+    local_scores = True  # LeastAllocated and BalancedAllocation read only the node (no NormalizeScore)
 
     def __init__(self, resources: tuple[ResourceSpec, ...] = DEFAULT_RESOURCES):
         super().__init__({
@@ -116,6 +117,7 @@ class KubeResourcesPolicy(WeightedPluginsPolicy):
 
 class MostAllocatedPolicy(PolicyBase):
     name = "most-allocated"
+    local_scores = True
 
     def __init__(self, resources: tuple[ResourceSpec, ...] = DEFAULT_RESOURCES):
         self.resources = resources
