@@ -4,15 +4,16 @@
 1. every pod (agent) proposes: its candidate nodes after the hard filter (and the policy's own
    admission, ``policies.base.admitted``) against the batch's starting state, ranked by the policy's
    scores (ties -> lower node index); a policy with ``score_batch`` scores the whole batch in one pass;
-2. the arbiter walks the batch in a fixed order -- higher priority first, then the largest request
-   (GPU milli, cpu, memory), then age and name -- and gives each pod its best proposal that still
+2. the arbiter walks the batch in a fixed order (``batch_order``) -- higher priority first, then the largest
+   request (GPU milli, cpu, memory), then age and name; for a policy with local scores (below) kube-scheduler's
+   queue order, priority then arrival -- and gives each pod its best proposal that still
    passes ``filters.filter_node`` (and the policy's admission) against the state updated by the
    earlier picks (and has GPU devices), binding it into that state. The batch is therefore
    conflict-free: no node is ever over-committed and no pod goes to a node that fails the hard filter.
    A policy whose score of a node depends only on the pod and that node (``local_scores``: FGD,
    fgd-pack, kube-resources, most-allocated) has each pod's proposals brought up to the updated state
    first: the nodes earlier picks took are scored again (the others' scores have not changed), so its
-   batch places every pod exactly as deciding them one at a time in the arbiter's order would. Other
+   batch places every pod exactly as deciding them one at a time in queue order would. Other
    policies' proposals keep the starting state's scores (a node taken earlier is re-checked, not
    re-scored).
 
@@ -55,8 +56,18 @@ def batch_key(pod: Pod) -> tuple:
     return (-pod.priority, -pod.gpu_milli_total, -pod.cpu_milli, -pod.memory_mib, pod.creation_time, pod.key)
 
 
-def batch_order(pods: Iterable[Pod]) -> list[Pod]:
-    return sorted(pods, key=batch_key)
+def queue_key(pod: Pod) -> tuple:
+    """kube-scheduler's queue order (PrioritySort): priority, then the time the pod entered the queue, which is
+    the order the pods are given in (the ledger: the oldest announcement first), kept by the stable sort."""
+    return (-pod.priority,)
+
+
+def batch_order(pods: Iterable[Pod], policy: Policy | None = None) -> list[Pod]:
+    """The arbiter's order. For a policy with ``local_scores`` kube-scheduler's queue order (``queue_key``):
+    its batch then places every pod as scheduling them one at a time would. Otherwise ``batch_key``: the
+    largest request first, which leaves the pods that are hardest to fit the most room while the proposals'
+    scores are those of the batch's starting state."""
+    return sorted(pods, key=queue_key if getattr(policy, "local_scores", False) else batch_key)
 
 
 HEAD = 8  # proposals each pod sorts up front; the rest only when the arbiter gets that far
@@ -244,7 +255,7 @@ def arbitrate(order: list[Pod], proposals: Mapping[str, Sequence[tuple[int, floa
 
 def decide_batch(pods: Iterable[Pod], state: ClusterState, policy: Policy) -> tuple[list[Placement], ClusterState]:
     """Joint placement of ``pods`` (see the module docstring); placements in the arbiter's order."""
-    order = batch_order(pods)
+    order = batch_order(pods, policy)
     proposals = propose_all(order, state, policy)
     return arbitrate(order, proposals, state, policy)
 

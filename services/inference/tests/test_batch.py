@@ -48,20 +48,34 @@ def test_batch_that_fits_only_one_per_node_gets_different_nodes(policy, ranks):
     assert [p.rank for p in placements] == ranks
 
 
-@pytest.mark.parametrize("pods,expected", [
-    # (cpu requests), expected node per pod name; "" = left pending
-    # kube-resources' local scores are brought up to date: the small pod goes to the empty node, as
-    # LeastAllocated one pod at a time would (with the starting state's scores it went to b)
-    ([("small", 1000), ("big", 3500), ("mid", 2000)], {"big": "a", "mid": "b", "small": "c"}),
-    ([("huge", 9000), ("ok", 1000)], {"huge": "", "ok": "a"}),
-    ([("x", 4000), ("y", 4000), ("z", 4000), ("w", 4000)], {"w": "a", "x": "b", "y": "c", "z": ""}),
+@pytest.mark.parametrize("policy,pods,expected", [
+    # (cpu requests), expected node per pod name; "" = left pending. kube-default (scores not local): the
+    # largest request first, with the batch's starting scores
+    ("kube-default", [("small", 1000), ("big", 3500), ("mid", 2000)], {"big": "a", "mid": "b", "small": "b"}),
+    ("kube-default", [("huge", 9000), ("ok", 1000)], {"huge": "", "ok": "a"}),
+    ("kube-default", [("x", 4000), ("y", 4000), ("z", 4000), ("w", 4000)], {"w": "a", "x": "b", "y": "c", "z": ""}),
+    # kube-resources (local scores): kube-scheduler's queue order (here the given order: equal priority and
+    # age), each pod scored on the state the earlier ones left, as LeastAllocated one pod at a time
+    ("kube-resources", [("small", 1000), ("big", 3500), ("mid", 2000)], {"small": "a", "big": "b", "mid": "c"}),
+    ("kube-resources", [("x", 4000), ("y", 4000), ("z", 4000), ("w", 4000)],
+     {"x": "a", "y": "b", "z": "c", "w": ""}),
 ])
-def test_arbiter_order_is_largest_first_and_never_overcommits(pods, expected):
+def test_arbiter_order_and_never_overcommits(policy, pods, expected):
     batch = [pod(n, c) for n, c in pods]
-    placements, final = decide_batch(batch, ClusterState.empty(NODES), get_policy("kube-resources"))
+    chosen = get_policy(policy)
+    placements, final = decide_batch(batch, ClusterState.empty(NODES), chosen)
     assert {p.pod.name: p.node for p in placements} == expected
-    assert [p.pod.name for p in placements] == [p.name for p in batch_order(batch)]
+    assert [p.pod.name for p in placements] == [p.name for p in batch_order(batch, chosen)]
     assert violations(final) == []
+
+
+def test_local_scores_follow_the_queue_order_priority_then_arrival():
+    """A local-score policy's batch in kube-scheduler's queue order: priority, then the order the pods came
+    in (the ledger's oldest announcement first); the others: priority, then the largest request."""
+    batch = [pod("first", 1000, creation_time=5.0), pod("urgent", 500, priority=10, creation_time=9.0),
+             pod("second", 3000, creation_time=1.0), pod("third", 2000, creation_time=5.0)]
+    assert [p.name for p in batch_order(batch, get_policy("fgd"))] == ["urgent", "first", "second", "third"]
+    assert [p.name for p in batch_order(batch, get_policy("kube-default"))] == ["urgent", "second", "third", "first"]
 
 
 def test_infeasible_pod_is_never_placed_and_says_why():

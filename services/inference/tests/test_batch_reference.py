@@ -90,7 +90,7 @@ def reference_batch(pods, state, policy, batched: bool, devices, sequential: boo
     """decide_batch written plainly: (node, gpus, rank, score, refusals) per pod in the arbiter's order.
     ``sequential``: each pod's proposals scored against the state the earlier grants left (one pod at a
     time), what a policy with ``local_scores`` gets; else against the batch's starting state."""
-    order = batch_order(pods)
+    order = batch_order(pods, policy)
     cands = [admitted(policy, p, state, feasible_nodes(p, state)) for p in order]
     live = [k for k, c in enumerate(cands) if c.size]
     if batched and len(live) > 1:
