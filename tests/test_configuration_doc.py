@@ -4,9 +4,7 @@ and every AGMARL_* name the docs and deploy files use is a setting."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 import typing
 from pathlib import Path
 
@@ -16,19 +14,12 @@ from pydantic import BaseModel
 from agmarl_common.core.features.pairs import OBJECTIVES
 from agmarl_common.core.reward import SCHEMES
 from agmarl_common.runtime.settings import CommonSettings, Objective, RolloutMode, Scheme, Source
+from agmarl_testing.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _gen():
-    spec = importlib.util.spec_from_file_location("gen_config_docs", ROOT / "tools" / "gen_config_docs.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-GEN = _gen()
+GEN = load_script(ROOT / "tools" / "gen_config_docs.py", "gen_config_docs")
 
 
 def test_configuration_doc_is_current():

@@ -3,25 +3,20 @@ and runs ahead, from reports shaped as `agmarl eval` writes them; and a small re
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
 from agmarl_common.core.stats import interval
+from agmarl_testing.scripts import script_module
 
 _PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "dynamic_suite.py"
 
 
 @pytest.fixture(scope="module")
 def ds():
-    spec = importlib.util.spec_from_file_location("dynamic_suite_bench", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    with script_module(_PATH, "dynamic_suite_bench") as module:
+        yield module
 
 
 def report(rewards: dict[str, dict[int, float]]) -> dict:

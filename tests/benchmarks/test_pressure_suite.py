@@ -3,26 +3,21 @@ heuristic, the target line and the requested load per resource."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from agmarl_common.core.cluster.model import Node
+from agmarl_testing.scripts import script_module
 
 _PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "pressure_suite.py"
 
 
 @pytest.fixture(scope="module")
 def ps():
-    spec = importlib.util.spec_from_file_location("pressure_suite_bench", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    with script_module(_PATH, "pressure_suite_bench") as module:
+        yield module
 
 
 def policy(ps, reward, p99, sla, unsched=(0, 0, 0), ls_ok=0.5, util=0.9):

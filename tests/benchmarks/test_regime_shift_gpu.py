@@ -2,29 +2,23 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from agmarl_common.core.cluster.model import ClusterState, Node, Pod
 from agmarl_common.core.cluster.node_checks import fits_resources
 from agmarl_common.core.sim import synthetic
 from agmarl_common.core.sim.traces import openb_pod_path
+from agmarl_testing.scripts import script_module
 
 _PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "regime_scenario.py"
 
 
 @pytest.fixture(scope="module")
 def rs():
-    spec = importlib.util.spec_from_file_location("regime_scenario_bench", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    with script_module(_PATH, "regime_scenario_bench") as module:
+        yield module
 
 
 T4 = Node(name="t4", cpu_milli=32000, memory_mib=131072, gpu_count=4, gpu_model="T4")

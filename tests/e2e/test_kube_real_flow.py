@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import http.server
-import importlib.util
 import itertools
 import json
 import threading
@@ -18,14 +17,13 @@ from pathlib import Path
 
 import yaml
 
+from agmarl_testing.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("kube_real_flow", ROOT / "benchmarks" / "kube_real.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(ROOT / "benchmarks" / "kube_real.py", "kube_real_flow")
 
 
 class FakeApi:

@@ -7,7 +7,6 @@ tools/kube/test_real_kube.py runs the whole thing against the real binaries (`ma
 from __future__ import annotations
 
 import http.server
-import importlib.util
 import shutil
 import ssl
 import sys
@@ -17,19 +16,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from agmarl_testing.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools" / "kube"))
 import control_plane as rig  # noqa: E402
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("kube_real_bench", ROOT / "benchmarks" / "kube_real.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-kube_real = _bench()
+kube_real = load_script(ROOT / "benchmarks" / "kube_real.py", "kube_real_bench")
 
 
 @pytest.fixture(scope="module")

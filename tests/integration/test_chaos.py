@@ -7,23 +7,18 @@ lost, no pod bound twice, every bound decision has its experience, no hard-filte
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from agmarl_testing.scripts import script_module
 
 _PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "chaos.py"
 
 
 @pytest.fixture(scope="module")
 def chaos():
-    spec = importlib.util.spec_from_file_location("chaos_bench", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    with script_module(_PATH, "chaos_bench") as module:
+        yield module
 
 
 async def test_short_chaos_run_keeps_the_invariants(chaos, tmp_path, monkeypatch):

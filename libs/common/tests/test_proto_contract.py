@@ -1,5 +1,4 @@
 """proto/ is generated from the code and must not drift from it."""
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -9,15 +8,13 @@ import yaml
 
 from agmarl_common.runtime import subjects
 from agmarl_common.runtime.messages import MESSAGES
+from agmarl_testing.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def _gen_proto():
-    spec = importlib.util.spec_from_file_location("gen_proto", ROOT / "tools" / "gen_proto.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "tools" / "gen_proto.py", "gen_proto")
 
 
 @pytest.mark.parametrize("name", ["messages.schema.json", "subjects.yaml", "permissions.md"])
