@@ -53,6 +53,8 @@ METRICS = {"reward_mean": "reward", "pending_time_p99_s": "pending p99 s", "sla_
 _W = RewardWeights()
 LOSS_TERMS = {"utilisation": _W.utilisation, "balance": _W.balance, "pending": _W.sla / 4, "wait": _W.sla / 4,
               "failed": _W.sla / 4, "ls_ok": _W.sla / 4}
+
+
 def per_seed(runs: list[dict], policies: Sequence[str], seeds: Sequence[int]) -> dict[str, dict[str, np.ndarray]]:
     """policy -> metric -> (seeds,) values, in seed order (``METRICS`` and the reward components of ``LOSS_TERMS``)."""
     by = {(r["policy"], r["seed"]): r["metrics"] for r in runs}

@@ -24,16 +24,13 @@ def _stat(pid: str) -> tuple[int, str] | None:
 def descendants(root: int) -> dict[int, tuple[int, str]]:
     """Every process below ``root`` (children, their children, ...): pid -> (depth, command line), depth 1
     for a child."""
-    parent = {int(p): st[0] for p in os.listdir("/proc") if p.isdigit() and (st := _stat(p)) is not None}
+    procs = {int(p): st for p in os.listdir("/proc") if p.isdigit() and (st := _stat(p)) is not None}
     found: dict[int, tuple[int, str]] = {}
     level, depth = {root}, 0
     while level:
         depth += 1
-        level = {pid for pid, ppid in parent.items() if ppid in level and pid not in found}
-        for pid in level:
-            st = _stat(str(pid))
-            if st is not None:
-                found[pid] = (depth, st[1])
+        level = {pid for pid, (ppid, _) in procs.items() if ppid in level and pid not in found}
+        found.update({pid: (depth, procs[pid][1]) for pid in level})
     return found
 
 

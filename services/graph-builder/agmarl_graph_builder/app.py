@@ -83,7 +83,7 @@ class GraphBuilderApp:
             self.skipped.inc()
             return
         started = time.monotonic()
-        state = await in_background(state_from_dict, msg.state)  # ~0.1 s of CPU: not taken from a decision
+        state = await in_background(state_from_dict, msg.state)  # ~0.1 s of CPU: off the event loop
         async with self.lock:
             pos = self.view.position(msg.epoch, msg.seq)
             if pos == "stale":  # events after it were applied while it decoded

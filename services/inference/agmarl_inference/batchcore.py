@@ -62,12 +62,17 @@ def queue_key(pod: Pod) -> tuple:
     return (-pod.priority,)
 
 
+def _local(policy: Policy | None) -> bool:
+    """``policy`` declares local node scores (``PolicyBase.local_scores``; a policy not built on it: no)."""
+    return bool(getattr(policy, "local_scores", False))
+
+
 def batch_order(pods: Iterable[Pod], policy: Policy | None = None) -> list[Pod]:
     """The arbiter's order. For a policy with ``local_scores`` kube-scheduler's queue order (``queue_key``):
     its batch then places every pod as scheduling them one at a time would. Otherwise ``batch_key``: the
     largest request first, which leaves the pods that are hardest to fit the most room while the proposals'
     scores are those of the batch's starting state."""
-    return sorted(pods, key=queue_key if getattr(policy, "local_scores", False) else batch_key)
+    return sorted(pods, key=queue_key if _local(policy) else batch_key)
 
 
 HEAD = 8  # proposals each pod sorts up front; the rest only when the arbiter gets that far
@@ -200,7 +205,7 @@ def arbitrate(order: list[Pod], proposals: Mapping[str, Sequence[tuple[int, floa
     names = [nd.name for nd in state.nodes]
     taken = np.zeros(state.n_nodes, dtype=bool)  # nodes an earlier grant of this batch went to
     terms_granted = False  # an earlier grant has pod (anti-)affinity terms: other pods' filters may change
-    local = bool(getattr(policy, "local_scores", False))
+    local = _local(policy)
     for position, pod in enumerate(order):
         ranked = proposals.get(pod.key, ())
         trusted = isinstance(ranked, Ranking) and not terms_granted and not _pod_terms(pod)

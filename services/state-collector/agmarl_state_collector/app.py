@@ -14,9 +14,9 @@ this one started) was made for a cluster that is gone and is acked without being
 ``agmarl_decisions_foreign_total``), even when a pod of the new run has the same name.
 
 A snapshot's compact state and encoding (~0.1 s for 1,523 nodes and 3,000 bound pods) are built in a
-background thread (``runtime.heap.in_background``) while the loop goes on announcing pods on time (on the loop they stalled it, and the pods due meanwhile
-went out in one burst); a decision waits until the snapshot is published, so that no event numbered after it
-overtakes it.
+background thread (``runtime.heap.in_background``) while the loop goes on announcing pods on time (on the loop
+they stalled it, and the pods due meanwhile went out in one burst); a decision waits until the snapshot is
+published, so that no event numbered after it overtakes it.
 
 A decision's outcome event (``pod_bound``, ``bind_rejected``) is stored in the EVENTS stream (a JetStream
 publish, ``Nats-Msg-Id`` = epoch and sequence number) before the decision is acked: the reward-calculator

@@ -36,7 +36,7 @@ from agmarl_common.core.credit import reference_credit
 from agmarl_common.core.features import FeatureContext, HeteroGraph, build_graph, device_for
 from agmarl_common.core.policies.base import PolicyBase
 from agmarl_common.core.policies.kube import KubeDefaultPolicy
-from agmarl_common.core.reward import outcomes_from_stats, placement_base, reward_components, total_reward
+from agmarl_common.core.reward import placement_base, reward_components, total_reward
 from agmarl_common.core.sim import dynamic, inflation
 from agmarl_common.core.sim.inflation import inflate_workload, pick_node
 
@@ -242,13 +242,10 @@ def run_inflation_episode(nodes: Sequence[Node], workload: Sequence[Pod], rng: n
 
 
 def _round_reward(state: dynamic.SimState, before: dynamic.SimCounters) -> float:
-    """The composite reward of the cluster after a round, its outcomes counted as the reward module counts a
-    window's (``reward.outcomes_from_stats``: a refused bind, an unschedulable timeout or a failed pod is a
-    failure; the reward-calculator counts live windows with the same function), the pending pods' mean wait
-    included (``dynamic.mean_pending_wait``, the reward's ``wait`` term)."""
-    after = {**state.counters.as_dict(), "pending": len(state.pending)}
-    outcomes = outcomes_from_stats(before.as_dict(), after, dynamic.mean_pending_wait(state))
-    return total_reward(reward_components(state.cluster, outcomes))
+    """The composite reward of the cluster after a round, its outcomes the simulator's window outcomes
+    (``dynamic.window_outcomes``: ``reward.outcomes_from_stats``, as the reward-calculator counts live windows,
+    with the pending pods' mean wait)."""
+    return total_reward(reward_components(state.cluster, dynamic.window_outcomes(state, before)))
 
 
 def _credits(pods: Sequence[Pod], cands: Sequence[np.ndarray], cluster: ClusterState,
