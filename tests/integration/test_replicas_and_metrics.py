@@ -16,7 +16,7 @@ import pytest
 from agmarl_common.runtime import messages as m
 from agmarl_common.runtime import subjects
 from agmarl_common.runtime.bus import Bus
-from agmarl_testing.fixtures import wait_healthy
+from agmarl_testing.fixtures import health_until, wait_healthy
 
 from .conftest import metric_value, module_of, scrape, wait_for
 
@@ -54,17 +54,18 @@ async def test_two_replicas_share_work_and_dashboards_read_exported_metrics(nats
             f"{len(decisions)} decisions from {len({d.origin for d in decisions})} inference replicas"
 
         # each replica found its own port through its health answer; scrape them all
-        ports = {}
+        # (health_until retries: a service busy for a moment on a loaded machine answers the next ask)
+        ports: dict[str, set[int]] = {}
         for s, p in procs:
-            status = await bus.request(subjects.health(s), b"", m.HealthStatus, timeout=2.0)
+            status = await health_until(bus, s, lambda st: st.metrics_port > 0, timeout=30, proc=p,
+                                        what="reporting its metrics port")
             ports.setdefault(s, set()).add(status.metrics_port)
         # health is answered by one replica at a time: ask until both replicas' ports are known
         for s in ("inference",):
-            async def both_known(service=s):
-                st = await bus.request(subjects.health(service), b"", m.HealthStatus, timeout=2.0)
+            def new_port(st: m.HealthStatus, service: str = s) -> bool:
                 ports[service].add(st.metrics_port)
                 return len(ports[service]) == 2
-            assert await wait_for(both_known, timeout=15), f"only one {s} replica answered health"
+            await health_until(bus, s, new_port, timeout=30, what="answering from both replicas")
         for port in ports["graph-builder"]:
             assert metric_value(scrape(port), "agmarl_graph_updates_total", kind="delta") > 0, "no graph versions"
         for port in ports["inference"]:
