@@ -27,7 +27,7 @@ from agmarl_common.core.adaptive import history as hist
 from agmarl_common.runtime.bus import Bus
 from agmarl_common.core.cluster.model import ClusterState, Node, Pod, to_dict
 from agmarl_testing.extender import graph_full
-from agmarl_testing.fixtures import wait_healthy
+from agmarl_testing.fixtures import ask_health, wait_healthy
 from agmarl_trainer.app import TrainerApp
 
 from .conftest import wait_for
@@ -75,7 +75,8 @@ async def test_published_model_is_selected_served_and_rolled_back(nats_url, serv
         await wait_healthy(bus, "inference", timeout=60, proc=inference)
 
         async def health(service: str) -> dict:
-            return (await bus.request(subjects.health(service), b"", m.HealthStatus, timeout=2.0)).details
+            status = await ask_health(bus, service)
+            return status.details if status is not None else {}
 
         default_version = json.loads((modelstore.DEFAULT_MODEL_DIR / modelstore.MANIFEST).read_text())["version"]
         assert await wait_for(lambda: _serves(health, default_version), 30), await health("inference")

@@ -44,7 +44,7 @@ from agmarl_common.runtime import messages as m
 from agmarl_common.runtime import subjects
 from agmarl_common.runtime.bus import Bus
 from agmarl_common.serving import modelstore, signing
-from agmarl_testing.fixtures import wait_healthy
+from agmarl_testing.fixtures import ask_health, wait_healthy
 from agmarl_trainer.app import CONFIG_DIR, TrainerApp
 from agmarl_trainer.config import load_config
 from agmarl_trainer.evaluate import onnx_scorer
@@ -144,8 +144,8 @@ async def test_retrain_promotes_a_better_model_and_refuses_one_that_is_not(nats_
         await wait_healthy(bus, "trainer", timeout=60, proc=trainer)
 
         async def buffered() -> bool:
-            h = await bus.request(subjects.health("trainer"), b"", m.HealthStatus, timeout=2.0)
-            return h.details.get("experience_buffered") == len(decisions)
+            h = await ask_health(bus, "trainer")
+            return h is not None and h.details.get("experience_buffered") == len(decisions)
 
         assert await wait_for(buffered, 20), trainer.output()[-3000:]
 

@@ -93,6 +93,15 @@ def start_service(module: str, env: Mapping[str, str] | None = None, args: Seque
     return ServiceProcess(module, env, args, log_path).start()
 
 
+async def ask_health(bus, service: str, timeout: float = 2.0) -> HealthStatus | None:
+    """One health answer from ``service``, None when none came within ``timeout`` (not up yet, or busy for a moment
+    on a loaded machine): for pollers, which ask again rather than fail on one slow answer."""
+    try:
+        return await bus.request(subjects.health(service), b"", HealthStatus, timeout=timeout)
+    except Exception:  # noqa: BLE001 - no responder yet / timeout
+        return None
+
+
 async def health_until(bus, service: str, check: Callable[[HealthStatus], bool], timeout: float = 15.0,
                        proc: ServiceProcess | None = None, what: str = "") -> HealthStatus:
     """Poll ``subjects.health(service)`` until a reply passes ``check`` (bounded by ``timeout``); fails at once,

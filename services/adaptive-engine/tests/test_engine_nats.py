@@ -13,7 +13,7 @@ from agmarl_common.runtime import messages as m
 from agmarl_common.runtime import subjects
 from agmarl_common.core.adaptive import history as hist
 from agmarl_common.runtime.bus import Bus
-from agmarl_testing.fixtures import health_advances, wait_healthy
+from agmarl_testing.fixtures import ask_health, health_advances, wait_healthy
 
 CLUSTER = "adaptive-it"
 
@@ -72,8 +72,8 @@ async def test_reward_collapse_rolls_back_and_cli_round_trip(nats_url, service_p
         assert (await kv_selection(bus)).policy == "most-allocated"
 
         async def adopted():
-            h = await bus.request(subjects.health("adaptive-engine"), b"", m.HealthStatus, timeout=1.0)
-            return h.details.get("policy") == "most-allocated"
+            h = await ask_health(bus, "adaptive-engine")
+            return h is not None and h.details.get("policy") == "most-allocated"
         assert await wait_until(adopted, 5.0)
 
         t0 = time.monotonic()
@@ -159,8 +159,8 @@ async def test_model_inference_refuses_is_rolled_back(nats_url, service_processe
         assert await wait_until(lambda: _has_event(events, "kube-resources", "rollback: inference refused"), 2.0)
 
         async def serving_baseline():
-            h = await bus.request(subjects.health("inference"), b"", m.HealthStatus, timeout=1.0)
-            return h.details.get("policy") == "kube-resources" and not h.details.get("model_version")
+            h = await ask_health(bus, "inference")
+            return h is not None and h.details.get("policy") == "kube-resources" and not h.details.get("model_version")
         assert await wait_until(serving_baseline, 3.0)
         # the refused model is quarantined: the engine keeps the rollback (one event, one rollback) for five ticks
         await health_advances(bus, "adaptive-engine", "ticks", 5)

@@ -19,7 +19,7 @@ from agmarl_common.serving import modelstore, signing
 from agmarl_common.runtime import subjects
 from agmarl_common.core.adaptive import history as hist
 from agmarl_common.runtime.bus import Bus
-from agmarl_testing.fixtures import health_advances, wait_healthy
+from agmarl_testing.fixtures import health_advances, health_until, wait_healthy
 
 CLUSTER = "promotion-it"
 GATE_REASON = "candidate alloc_at_100 94.83 > incumbent 94.47, no hard violations"
@@ -92,7 +92,7 @@ async def test_published_model_is_promoted_judged_and_rolled_back(nats_url, serv
         await wait_healthy(bus, "adaptive-engine", timeout=30, proc=proc)
 
         async def health() -> dict:
-            return (await bus.request(subjects.health("adaptive-engine"), b"", m.HealthStatus, timeout=2.0)).details
+            return (await health_until(bus, "adaptive-engine", lambda s: True, 10.0, proc, "answering")).details
 
         # the Object Store version is a known model: the initial selection and the gate's model experts
         assert await wait_until(lambda: bus.kv_get(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY), 10.0)

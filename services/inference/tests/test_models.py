@@ -30,7 +30,7 @@ from agmarl_common.runtime.bus import Bus
 from agmarl_common.core.cluster.model import ClusterState, to_dict
 from agmarl_testing.extender import graph_full
 from agmarl_common.core.sim import traces
-from agmarl_testing.fixtures import wait_healthy
+from agmarl_testing.fixtures import ask_health, wait_healthy
 
 CLUSTER = "modelreg"
 
@@ -91,10 +91,10 @@ async def test_hot_reload_through_the_object_store_and_digest_refusal(smoke_mode
         first = await wait_healthy(bus, "inference", timeout=60, proc=proc)
 
         async def health(version: str = ""):
-            st = await bus.request(subjects.health("inference"), b"", m.HealthStatus, timeout=2.0)
-            return st if not version or st.details.get("model_version") == version else None
+            st = await ask_health(bus, "inference")
+            return st if st is not None and (not version or st.details.get("model_version") == version) else None
 
-        assert await until(lambda: health(v1), 30), (await health()).details
+        assert await until(lambda: health(v1), 30), await health()
         decisions: list[m.Decision] = []
 
         async def on_decision(msg):
@@ -130,7 +130,7 @@ async def test_hot_reload_through_the_object_store_and_digest_refusal(smoke_mode
             st = await health()
             return st if v2 in st.details.get("models_loaded", []) else None
         st = await until(cached, 30)
-        assert st and st.details["model_latest"] == v2 and st.details["model_version"] == v1, (await health()).details
+        assert st and st.details["model_latest"] == v2 and st.details["model_version"] == v1, await health()
         d = await decide(0)
         assert (d.policy, d.model_version) == (f"model:{v1}", v1)
 
@@ -139,7 +139,7 @@ async def test_hot_reload_through_the_object_store_and_digest_refusal(smoke_mode
             policy=f"model:{v2}", reason=f"promoted: model {v2} published by the trainer", time=time.time(),
             previous=f"model:{v1}"))
         st = await until(lambda: health(v2), 30)
-        assert st and st.pid == first.pid and proc.returncode is None, (await health()).details
+        assert st and st.pid == first.pid and proc.returncode is None, await health()
         d = await decide(1)
         assert (d.policy, d.model_version) == (f"model:{v2}", v2)
         assert d.node in {nd.name for nd in nodes} and len(d.gpus) == 1
@@ -176,11 +176,11 @@ async def test_hot_reload_through_the_object_store_and_digest_refusal(smoke_mode
                 return st if failures(st.metrics_port, "unsigned") >= count else None
             return check
         st = await until(unsigned(1.0), 30)
-        assert st is not None and st.details["model_version"] == v2, (await health()).details
+        assert st is not None and st.details["model_version"] == v2, await health()
         await bus.publish(subjects.policy_selection(), m.PolicySelection(
             policy=f"model:{v4}", reason="test: an unsigned model", time=time.time(), previous=f"model:{v2}"))
         st = await until(unsigned(2.0), 30)
-        assert st is not None and st.details["model_version"] == v2, (await health()).details
+        assert st is not None and st.details["model_version"] == v2, await health()
         assert "unsigned" in st.details["model_last_error"]
         d = await decide(3)
         assert (d.policy, d.model_version) == (f"model:{v2}", v2)

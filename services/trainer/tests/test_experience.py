@@ -14,7 +14,7 @@ from agmarl_common.runtime import subjects
 from agmarl_common.runtime.bus import Bus
 from agmarl_common.core.cluster.compact import compact_state
 from agmarl_common.core.cluster.model import ClusterState, Node, Pod, bind, state_from_dict, state_to_dict, to_dict
-from agmarl_testing.fixtures import wait_healthy
+from agmarl_testing.fixtures import ask_health, wait_healthy
 from agmarl_common.core.features import POD_FEATURES
 from agmarl_trainer.experience import ExperienceBuffer, decode_decision, experience_samples, read_experience, \
     reward_threshold
@@ -188,8 +188,8 @@ async def seen_snapshot(bus: Bus, seq: int, timeout: float = 10.0) -> None:
     """Wait (bounded) until the reward-calculator's health reports snapshot ``seq`` received."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        status = await bus.request(subjects.health("reward-calculator"), b"", m.HealthStatus, timeout=1.0)
-        if status.details.get("snapshot_seq", -1) >= seq:
+        status = await ask_health(bus, "reward-calculator")
+        if status is not None and status.details.get("snapshot_seq", -1) >= seq:
             return
         await asyncio.sleep(0.02)
     raise TimeoutError(f"the reward-calculator never reported snapshot {seq}")
