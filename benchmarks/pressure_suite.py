@@ -35,7 +35,7 @@ from typing import Sequence
 
 import numpy as np
 
-from agmarl_cli.evaluate import (EvalError, EvalSpec, _dynamic_job, check_spec, load_nodes, load_workload,
+from agmarl_cli.evaluate import (EvalError, EvalSpec, check_spec, dynamic_job, load_nodes, load_workload,
                                  parse_policies, parse_seeds, run_all)
 from agmarl_common.core.policies.registry import get_policy, is_model
 from agmarl_common.core.reward import RewardWeights
@@ -255,7 +255,7 @@ def placement_freedom(spec: EvalSpec, seeds: Sequence[int], policy: str = "rewar
     nodes, counts = load_nodes(spec), []
     for s in seeds:
         counter = CandidateCount(get_policy(policy, s))
-        _dynamic_job(spec, nodes, load_workload(spec, nodes, s), counter, s)  # the job `agmarl eval` runs
+        dynamic_job(spec, nodes, load_workload(spec, nodes, s), counter, s)  # the job `agmarl eval` runs
         counts += counter.counts
     c = np.asarray(counts, float)
     return float((c == 1).mean()) if c.size else math.nan, float(c.mean()) if c.size else math.nan, int(c.size)

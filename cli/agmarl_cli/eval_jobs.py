@@ -29,13 +29,14 @@ def run_job(spec: EvalSpec, policy_name: str, seed: int) -> dict[str, Any]:
     pods = load_workload(spec, nodes, seed)
     policy = resolve_policy(policy_name, seed)
     if spec.protocol == "inflation":
-        out = _inflation_job(spec, nodes, pods, policy, seed)
+        out = inflation_job(spec, nodes, pods, policy, seed)
     else:
-        out = _dynamic_job(spec, nodes, pods, policy, seed)
+        out = dynamic_job(spec, nodes, pods, policy, seed)
     return {"policy": policy_name, "seed": seed, **out}
 
 
-def _inflation_job(spec: EvalSpec, nodes, pods, policy: Policy, seed: int) -> dict[str, Any]:
+def inflation_job(spec: EvalSpec, nodes, pods, policy: Policy, seed: int) -> dict[str, Any]:
+    """The inflation protocol's run of ``policy`` on ``nodes`` and ``pods`` -> {"metrics", "curves"}."""
     res = run_inflation(nodes, pods, policy, np.random.default_rng(seed), ratio=spec.ratio,
                         tie_break=spec.tie_break)
     curves = {"allocation": res.allocation_curve(), "frag": res.frag_curve(), "frag_ratio": res.frag_ratio_curve()}
@@ -47,7 +48,9 @@ def _inflation_job(spec: EvalSpec, nodes, pods, policy: Policy, seed: int) -> di
     return {"metrics": m, "curves": {k: v.tolist() for k, v in curves.items()}}
 
 
-def _dynamic_job(spec: EvalSpec, nodes, pods, policy: Policy, seed: int) -> dict[str, Any]:
+def dynamic_job(spec: EvalSpec, nodes, pods, policy: Policy, seed: int) -> dict[str, Any]:
+    """The dynamic protocol's run of ``policy`` (an instance: a caller may wrap one) on ``nodes`` and ``pods``
+    -> {"metrics", "series"}; the simulator settings come from the spec's synthetic workload, if any."""
     kind, _, ref = spec.workload.partition(":")
     options = synthetic.sim_options(ref, spec.horizon_s) if kind == "synthetic" else {}
     config = dynamic.SimConfig(horizon_s=spec.horizon_s, **options)  # a pressure variant's timeout, node loss

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from agmarl_cli.eval_jobs import (  # noqa: F401  (re-exported, part of this module's API)
-    _dynamic_job, _inflation_job, run_all, run_dynamic_with_reward, run_job, window_reward)
+    dynamic_job, inflation_job, run_all, run_dynamic_with_reward, run_job, window_reward)
 from agmarl_cli.eval_report import (  # noqa: F401  (re-exported, part of this module's API)
     TABLE_COLUMNS, _clean, _fmt, _mean_std, aggregate, markdown_table, write_json)
 from agmarl_cli.eval_spec import (  # noqa: F401  (re-exported, part of this module's API)
