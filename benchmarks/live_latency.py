@@ -16,6 +16,10 @@ benchmark: they share the cores with inference) and the 1-minute load average at
 
     nice .venv/bin/python benchmarks/live_latency.py --nodes openb:all --rate 100 --pods 3000 --policy model:default
 
+Inference explains every decision (the model's attention and feature contributions in ``explanation.model``)
+as the service does by default; ``--no-explain`` runs it with ``AGMARL_EXPLAIN_MODEL=false`` (before
+2026-12-02 09:00 that was this benchmark's default).
+
 ``--sync always``: nats-server fsyncs every stored message before its PubAck, as the server ``agmarl up``
 embeds and ``deploy/nats/nats.conf`` run it (issue 14's durability); without it, nats-server's default.
 
@@ -162,6 +166,7 @@ async def run(args: argparse.Namespace) -> dict:
         own = [1000 * (d.decided_at - d.seen_at) for _, d in measured]
         span = (measured[-1][0] - measured[0][0]) if len(measured) > 1 else float("nan")
         out = {"nodes": args.nodes, "rate": args.rate, "policy": args.policy, "objective": args.objective,
+               "explanations": args.explain, "sync": args.sync or "default",
                "decisions": len(measured), "achieved_rate": len(measured) / span if span else float("nan"),
                "scheduled": sum(1 for _, d in measured if d.node),
                "latency_ms": {"p50": pct(e2e, 50), "p90": pct(e2e, 90), "p99": pct(e2e, 99), "max": max(e2e or [0])},
@@ -211,7 +216,9 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=200, help="decisions not measured (start-up)")
     ap.add_argument("--policy", default="model:default")
     ap.add_argument("--objective", default="composite", choices=("composite", "allocation"))
-    ap.add_argument("--explain", action="store_true", help="add the model's explanation to each decision")
+    ap.add_argument("--explain", action=argparse.BooleanOptionalAction, default=True,
+                    help="the model's explanation (attention, feature contributions) in each decision, as the "
+                         "service does by default (AGMARL_EXPLAIN_MODEL); --no-explain: without it")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--sync", default="", help="nats-server's JetStream sync_interval (e.g. always: every stored "
                     "message fsynced before its PubAck, as `agmarl up` runs it); default: nats-server's own (2 min)")
@@ -228,7 +235,8 @@ def main() -> int:
     out = asyncio.run(run(args))
     lat, own = out["latency_ms"], out["inference_ms"]
     print(f"live decision latency, {out['nodes']} nodes, {args.rate:.0f} pods/s, {out['policy']} "
-          f"({out['objective']}): {out['decisions']} decisions at {out['achieved_rate']:.1f}/s: "
+          f"({out['objective']}, explanations {'on' if args.explain else 'off'}, nats-server sync "
+          f"{args.sync or 'default'}): {out['decisions']} decisions at {out['achieved_rate']:.1f}/s: "
           f"p50 {lat['p50']:.2f} ms, p90 {lat['p90']:.2f} ms, p99 {lat['p99']:.2f} ms, max {lat['max']:.1f} ms "
           f"(inference's own: p50 {own['p50']:.2f}, p99 {own['p99']:.2f} ms); inference CPU "
           f"{out['inference_cpu_ms_per_decision']:.2f} ms per decision (event-loop thread "
