@@ -382,7 +382,10 @@ def outcomes_from_stats(before: Mapping[str, float], after: Mapping[str, float],
     the pods that failed (an evicted pod that is not restarted: ``failed``), timed out pending
     (``unschedulable``) or were refused at bind (``bind_rejected``). An evicted pod that is queued again
     (``restarted``) is not failed: it is pending again, then bound, or failed if it times out, and counted
-    then; counting the eviction too would count it twice in ``pending + scheduled + failed``."""
+    then; counting the eviction too would count it twice in ``pending + scheduled + failed``. A refused bind is
+    different on purpose: it is a *decision* that failed (made on a stale view, so the policy's doing), counted
+    although its pod is pending again and may be bound, and counted as scheduled, later; the simulator's windows
+    have none (it binds what it decides)."""
     def delta(key: str) -> int:
         return max(0, int(after.get(key, 0)) - int(before.get(key, 0)))
 
