@@ -22,7 +22,7 @@ from agmarl_common.core.cluster import changes as ch
 from agmarl_common.core.cluster.compact import compact_snapshot
 from agmarl_common.core.cluster.model import state_from_dict
 from agmarl_common.core.cluster.view import ClusterView
-from agmarl_common.runtime.heap import in_background, settle
+from agmarl_common.runtime.heap import settle
 from agmarl_common.runtime.service import HandlerContext, ServiceRuntime
 from agmarl_common.runtime.settings import load_settings
 from agmarl_graph_builder.settings import GraphBuilderSettings
@@ -83,7 +83,7 @@ class GraphBuilderApp:
             self.skipped.inc()
             return
         started = time.monotonic()
-        state = await in_background(state_from_dict, msg.state)  # ~0.1 s of CPU: off the event loop
+        state = await asyncio.to_thread(state_from_dict, msg.state)  # ~0.1 s of CPU: off the event loop
         async with self.lock:
             pos = self.view.position(msg.epoch, msg.seq)
             if pos == "stale":  # events after it were applied while it decoded
