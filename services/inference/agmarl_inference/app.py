@@ -245,6 +245,7 @@ class InferenceApp:
         took = settle()
         self.rt.log.info("heap settled after the first view (%.0f ms)", 1000 * took)
 
+    # cf. batch.DecisionOutbox, which resends (its pods are bound already); a loop decision is the bind order: not resent
     async def _publish(self, ctx: HandlerContext, decision: m.Decision, pod, policy: str, result: str) -> None:
         """Publish one decision to the DECISIONS stream and wait for its acknowledgement. A decision JetStream
         did not acknowledge is counted (``result="unpublished"``) and its assumption forgotten, so that the

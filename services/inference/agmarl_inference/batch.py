@@ -100,6 +100,7 @@ class Outgoing:
     sends: int = 0
 
 
+# cf. app.InferenceApp._publish, which gives up (assumption forgotten, pod decided again); these record Bindings made
 class DecisionOutbox:
     """The binder's Decisions on JetStream, pipelined: each is sent as soon as it is made
     (``publish_async``, no wait for the previous one's PubAck) and every PubAck is confirmed here. One
