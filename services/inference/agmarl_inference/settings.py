@@ -24,7 +24,9 @@ class InferenceSettings(common.ModelInputSettings, common.KubeSettings):
     max_body_bytes: int = 16 * 1024 * 1024
     extender_max_nodes: int = 15_000  # nodes per extender request (NodeNames, Nodes.items, victims); more: 413
     extender_path_prefixes: list[str] = ["", "/ext"]  # the verbs are served under each (scheduler urlPrefix)
-    explain_model: bool = True  # add the model's attention / feature contributions to each loop decision
+    # add the model's attention / feature contributions to each loop decision (computed before it is published:
+    # ~1 ms of inference CPU and of latency a decision on the 1,523-node openb cluster, docs/performance.md)
+    explain_model: bool = True
     # public keys whose model signatures are trusted: key files or directories of *.pub, ':'-separated; "" =
     # the shipped models/trusted (docs/security.md)
     trusted_model_keys: str = ""
