@@ -119,7 +119,7 @@ def test_every_agmarl_name_in_docs_and_deploy_files_is_in_the_reference():
     reference = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
     listed = set(re.findall(r"^\| `(AGMARL_[A-Z0-9_]+)`", reference, flags=re.M)) | read_from_the_environment()
     files = [ROOT / "README.md", ROOT / "docker-compose.yml", *sorted((ROOT / "docs").glob("*.md")),
-             *sorted((ROOT / "deploy").rglob("*.yaml")), *sorted((ROOT / "services").glob("*/Dockerfile"))]
+             *sorted((ROOT / "deploy").rglob("*.yaml")), ROOT / "Dockerfile"]
     unknown = {}
     for path in files:
         names = set(re.findall(r"AGMARL_[A-Z0-9_]*[A-Z0-9]", path.read_text(encoding="utf-8"))) - listed

@@ -1,4 +1,4 @@
-"""docker-compose.yml and the service Dockerfiles, checked as files (no Docker engine here); each image's
+"""docker-compose.yml and the Dockerfile's service targets, checked as files (no Docker engine here); each image's
 HEALTHCHECK command is run as Docker would, against the health endpoints a service serves."""
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from prometheus_client import CollectorRegistry
 
 from agmarl_common.runtime.metrics import start_metrics_server, stop_metrics_server
 from agmarl_common.runtime.settings import CommonSettings
+
+from . import dockerfile
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -58,18 +60,6 @@ def environment(service: dict) -> dict[str, str]:
     return {k: expand(v) for k, v in env.items()}
 
 
-def dockerfile(service: str) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    text = (ROOT / "services" / service / "Dockerfile").read_text(encoding="utf-8")
-    text = re.sub(r"\\\n", " ", "\n".join(l for l in text.splitlines() if not l.lstrip().startswith("#")))
-    out = []
-    for line in text.splitlines():
-        if line.strip():
-            word, _, rest = line.strip().partition(" ")
-            out.append((word.upper(), rest.strip()))
-    return out
-
-
 def test_compose_declares_every_service():
     services = compose()["services"]
     assert set(SERVICES + INFRA) <= set(services)
@@ -81,8 +71,10 @@ def test_build_contexts_and_dockerfiles_exist():
     for name, build in built.items():
         context = (ROOT / build["context"]).resolve()
         assert context.is_dir(), name
-        assert (context / build["dockerfile"]).is_file(), f"{name}: {build['dockerfile']}"
-        assert Path(build["dockerfile"]) == Path("services") / name / "Dockerfile"
+        assert (context / build["dockerfile"]).resolve() == dockerfile.DOCKERFILE, f"{name}: {build['dockerfile']}"
+        assert build["target"] == name
+    # every image the Dockerfile is for is a service compose builds, and none is left out
+    assert dockerfile.targets() == set(SERVICES)
 
 
 def test_mounted_host_paths_exist_and_named_volumes_are_declared():
@@ -144,10 +136,9 @@ def test_environment_names_are_settings_fields():
         for key in environment(services[name]):
             if key.startswith("AGMARL_"):
                 assert key[len("AGMARL_"):].lower() in every, f"{name}: {key} matches no settings field"
-        for word, args in dockerfile(name):
-            if word == "ENV":
-                for key in re.findall(r"(AGMARL_[A-Z0-9_]+)=", args):
-                    assert key[len("AGMARL_"):].lower() in fields[name], f"{name} Dockerfile: {key}"
+        for key in dockerfile.environment(name):
+            if key.startswith("AGMARL_"):
+                assert key[len("AGMARL_"):].lower() in fields[name], f"Dockerfile target {name}: {key}"
 
 
 def test_nats_runs_jetstream_on_a_volume():
@@ -191,15 +182,13 @@ def test_grafana_and_otel_point_at_compose_services():
 
 @pytest.mark.parametrize("service", SERVICES)
 def test_dockerfile(service: str):
-    steps = dockerfile(service)
+    """The service's target, resolved through its parent stages and the stages it copies from."""
+    steps = dockerfile.steps(service)
     words = [w for w, _ in steps]
     assert steps[0] == ("FROM", "python:3.11-slim")
     # every COPY source exists (build context = repository root)
-    for word, args in steps:
-        if word == "COPY":
-            sources = [a for a in args.split() if not a.startswith("--")][:-1]
-            for source in sources:
-                assert (ROOT / source).exists(), f"{service}: COPY {source}"
+    for source in dockerfile.copies(service):
+        assert (ROOT / source).exists(), f"{service}: COPY {source}"
     runs = " ".join(a for w, a in steps if w == "RUN")
     if service == "trainer":
         assert "-r requirements-train.txt" in runs and "download.pytorch.org/whl/cpu" in runs
@@ -207,15 +196,20 @@ def test_dockerfile(service: str):
         assert "-r requirements.txt" in runs and "requirements-train" not in runs and "torch" not in runs
     assert "-c constraints.txt" in runs
     assert re.search(r"pip install --no-deps (-e )?\.", runs)
-    # runs as a non-root user, set before the command
+    # runs as a non-root user (the uid deploy/k8s runs it as, created in the image), set before the command
     users = [a for w, a in steps if w == "USER"]
     assert users and users[-1].split(":")[0] not in ("root", "0")
-    assert words.index("USER") < words.index("CMD")
+    assert users[-1] == "10001:10001" and "useradd --system --uid 10001" in runs
+    last = {word: i for i, word in enumerate(words)}
+    assert last["USER"] < last["CMD"]
     cmd = [a for w, a in steps if w == "CMD"][-1]
     assert cmd == f'["python", "-m", "{module_of(service)}"]'
     package = ROOT / "services" / service / module_of(service)
     assert (package / "__main__.py").is_file(), f"{package}/__main__.py"
-    assert "HEALTHCHECK" in words and "EXPOSE" in words
+    assert dockerfile.environment(service)["OTEL_SERVICE_NAME"] == service
+    exposed = {port for w, a in steps if w == "EXPOSE" for port in a.split()}
+    assert exposed == ({"9100", "8080"} if service == "inference" else {"9100"}), exposed
+    assert "HEALTHCHECK" in words and [a for w, a in steps if w == "STOPSIGNAL"][-1] == "SIGTERM"
 
 
 @pytest.mark.parametrize("service", SERVICES)
@@ -223,14 +217,14 @@ def test_healthcheck_asks_the_liveness_endpoint(service: str):
     """The image's HEALTHCHECK (exec form, run with the image's AGMARL_METRICS_PORT) asks the runtime's /healthz,
     not /metrics: it passes while the service is live and fails when /healthz answers 503 (NATS gone past its
     grace, a stuck handler, a stalled event loop), though /metrics still answers."""
-    (args,) = [a for w, a in dockerfile(service) if w == "HEALTHCHECK"]
+    args = [a for w, a in dockerfile.steps(service) if w == "HEALTHCHECK"][-1]
     options, _, cmd = args.partition(" CMD ")
     flags = dict(o.lstrip("-").split("=", 1) for o in options.split())
     assert float(flags["timeout"].rstrip("s")) >= 5 and int(flags["retries"]) >= 3  # a loaded machine answers late
     command = json.loads(cmd)
     assert command[:2] == ["python", "-c"] and "/healthz" in command[2] and "/metrics" not in command[2]
-    image_env = " ".join(a for w, a in dockerfile(service) if w == "ENV")
-    assert "AGMARL_METRICS_PORT=9100" in image_env  # the port the command falls back to is the image's
+    # the port the command falls back to is the image's
+    assert dockerfile.environment(service)["AGMARL_METRICS_PORT"] == "9100"
     live = {"ok": True}
     port = start_metrics_server(CollectorRegistry(), "127.0.0.1", 0, routes={
         "/healthz": lambda: (200, {"status": "live"}) if live["ok"] else (503, {"status": "not live"}),

@@ -1,4 +1,4 @@
-"""The project as the Dockerfiles install it: a wheel built from what they COPY, installed without ``-e``
+"""The project as the Dockerfile installs it: a wheel built from what its targets COPY, installed without ``-e``
 into a fresh virtualenv, run outside the source tree.
 
 Every service ``agmarl up`` starts is started from that install (``python -m agmarl_<service>``) against a
@@ -33,22 +33,23 @@ from agmarl_common.runtime import subjects
 from agmarl_common.runtime.bus import Bus
 from agmarl_common.runtime.messages import HealthStatus
 
+from . import dockerfile
+
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL = re.compile(r"pip install --no-deps \.")
 STARTUP_TIMEOUT = 60.0  # six interpreters (torch in the trainer) importing at once on 2 cores
 
 
 def dockerfile_sources(service: str) -> set[str]:
-    """What ``services/<service>/Dockerfile`` COPYs into the build before ``pip install --no-deps .``."""
-    text = (ROOT / "services" / service / "Dockerfile").read_text(encoding="utf-8")
+    """What the Dockerfile's ``service`` target COPYs into the build before ``pip install --no-deps .``, through its
+    parent stages and the stages it copies from."""
     sources: set[str] = set()
-    for line in re.sub(r"\\\n", " ", text).splitlines():
-        word, _, args = line.strip().partition(" ")
-        if word.upper() == "RUN" and INSTALL.search(args):
+    for word, args in dockerfile.steps(service):
+        if word == "RUN" and INSTALL.search(args):
             return sources
-        if word.upper() == "COPY":
-            sources.update(a.rstrip("/") for a in args.split()[:-1] if not a.startswith("--"))
-    raise AssertionError(f"{service}: no `RUN pip install --no-deps .` in its Dockerfile")
+        if word == "COPY":
+            sources.update(a.rstrip("/") for a in dockerfile.copied(args))
+    raise AssertionError(f"{service}: no `RUN pip install --no-deps .` in its Dockerfile target")
 
 
 @dataclass(frozen=True)
