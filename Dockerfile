@@ -65,6 +65,9 @@ USER 10001:10001
 FROM deps-training AS training
 COPY --from=source /app/ ./
 RUN pip install --no-deps .
+# The trainer's work files (the experience buffer's mirror, its runs, fetched and published models): /app is
+# root's and read-only to the user; docker-compose.yml and the Kubernetes manifests mount a volume here.
+RUN mkdir -p /var/lib/agmarl && chown 10001:10001 /var/lib/agmarl
 USER 10001:10001
 
 # The services: what each one adds is its name and its command.
@@ -95,5 +98,6 @@ CMD ["python", "-m", "agmarl_reward_calculator"]
 FROM training AS trainer
 # The training configs, read from the working directory (agmarl_trainer.app.CONFIG_DIR is /app/configs/train).
 COPY configs/ configs/
-ENV OTEL_SERVICE_NAME=trainer
+ENV OTEL_SERVICE_NAME=trainer \
+    AGMARL_STATE_DIR=/var/lib/agmarl
 CMD ["python", "-m", "agmarl_trainer"]

@@ -212,6 +212,29 @@ def test_dockerfile(service: str):
     assert "HEALTHCHECK" in words and [a for w, a in steps if w == "STOPSIGNAL"][-1] == "SIGTERM"
 
 
+def test_the_trainer_keeps_its_work_files_on_a_volume():
+    """The trainer writes (the experience buffer's mirror, its runs, fetched and published models) under
+    AGMARL_STATE_DIR: its image sets a directory outside the root-owned working directory, made as root for the
+    user it runs as, and compose mounts a named volume there (Kubernetes: test_kustomize.py). Without it the
+    trainer's default, <working directory>/.state, is not writable in the image."""
+    from agmarl_common.runtime.settings import load_settings
+    from agmarl_trainer.settings import TrainerSettings
+
+    state = dockerfile.environment("trainer")["AGMARL_STATE_DIR"]
+    assert load_settings(TrainerSettings, environ={"AGMARL_STATE_DIR": state}).state_dir == state
+    assert not (state + "/").startswith(dockerfile.workdir("trainer").rstrip("/") + "/"), state
+    steps = dockerfile.steps("trainer")
+    made = [i for i, (w, a) in enumerate(steps)
+            if w == "RUN" and f"mkdir -p {state}" in a and f"chown 10001:10001 {state}" in a]
+    assert made, f"the trainer's image does not make {state} for uid 10001"
+    assert all(a.split(":")[0] in ("root", "0") for w, a in steps[:made[0]] if w == "USER")  # made as root
+    data = compose()
+    service = data["services"]["trainer"]
+    assert environment(service).get("AGMARL_STATE_DIR", state) == state
+    mounted = {v.split(":")[1]: v.split(":")[0] for v in service.get("volumes", []) if isinstance(v, str)}
+    assert mounted.get(state) in set(data.get("volumes") or {}), f"no named volume at {state}: {mounted}"
+
+
 @pytest.mark.parametrize("service", SERVICES)
 def test_healthcheck_asks_the_liveness_endpoint(service: str):
     """The image's HEALTHCHECK (exec form, run with the image's AGMARL_METRICS_PORT) asks the runtime's /healthz,

@@ -241,6 +241,21 @@ def test_the_trainer_signs_with_a_key_from_a_secret(overlay: str):
     assert not objects(overlay, "Secret"), "no Secret is rendered from the repository"
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_trainer_writes_its_work_files_to_a_volume(overlay: str):
+    """Its root filesystem is read-only: AGMARL_STATE_DIR (the experience mirror, runs, models) is a writable
+    mounted volume, an emptyDir or a claim."""
+    spec = pod_spec(one(overlay, "Deployment", "trainer"))
+    container = spec["containers"][0]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    state = {e["name"]: e.get("value") for e in container.get("env", [])}["AGMARL_STATE_DIR"]
+    assert load_settings(TrainerSettings, environ={"AGMARL_STATE_DIR": state}).state_dir == state
+    (mount,) = [m for m in container.get("volumeMounts", []) if m["mountPath"] == state]
+    assert not mount.get("readOnly"), mount
+    (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+    assert "emptyDir" in volume or "persistentVolumeClaim" in volume, volume
+
+
 # --- RBAC ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
