@@ -212,6 +212,26 @@ def test_dockerfile(service: str):
     assert "HEALTHCHECK" in words and [a for w, a in steps if w == "STOPSIGNAL"][-1] == "SIGTERM"
 
 
+def test_dockerignore_keeps_local_state_out_and_every_copy_source_in():
+    """The build context is the repository root: .dockerignore leaves out the local environment, run state (keys,
+    credentials) and git history, and none of what a target COPYs."""
+    import fnmatch
+
+    patterns = [ln.strip() for ln in (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()
+                if ln.strip() and not ln.startswith("#")]
+    assert {".git", ".venv", ".state"} <= set(patterns)
+
+    def ignored(path: str) -> bool:
+        parts = Path(path.rstrip("/")).parts
+        prefixes = ["/".join(parts[:k]) for k in range(1, len(parts) + 1)]
+        return any(fnmatch.fnmatch(p, pat.removeprefix("**/")) or fnmatch.fnmatch(p, pat)
+                   or fnmatch.fnmatch(Path(p).name, pat.removeprefix("**/")) for p in prefixes for pat in patterns)
+
+    for service in SERVICES:
+        for source in dockerfile.copies(service):
+            assert not ignored(source), f"{service}: COPY {source} is excluded by .dockerignore"
+
+
 def test_the_trainer_keeps_its_work_files_on_a_volume():
     """The trainer writes (the experience buffer's mirror, its runs, fetched and published models) under
     AGMARL_STATE_DIR: its image sets a directory outside the root-owned working directory, made as root for the
