@@ -308,6 +308,7 @@ async def main() -> int:
                      m.Experience)(
         app.on_experience)
     rt.health_details = lambda: {"experience_buffered": len(app.buffer), "training": app.running,
-                                 "latest_published": app.latest}
+                                 "latest_published": app.latest,
+                                 "experience_mirror_failures": app.buffer.mirror_failures}
     await rt.start()
     return await rt.run_until_stopped()

@@ -25,6 +25,7 @@ here but ``ExperienceBuffer`` is pure.
 from __future__ import annotations
 
 import json
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -37,6 +38,8 @@ from agmarl_common.core.cluster.compact import is_compact, state_from_compact
 from agmarl_common.core.cluster.filters import feasible_nodes
 from agmarl_common.core.cluster.model import ClusterState, Pod, pod_from_dict, state_from_dict
 from agmarl_common.core.features import FeatureContext, build_graph
+
+log = logging.getLogger("agmarl.trainer.experience")
 
 if TYPE_CHECKING:  # the samples' module imports torch: the trainer service (the buffer) runs without it
     from agmarl_trainer.rollout import Sample
@@ -162,7 +165,9 @@ def decision_sample(d: Decision, objective: str = "composite", scheme: str = "fi
 class ExperienceBuffer:
     """The last ``capacity`` transitions (deduplicated by id) and at most ``max_bytes`` of their JSON,
     mirrored to a JSONL file so a restart keeps them. The file is rewritten with the kept transitions when
-    it holds twice as many lines or bytes; at start only its tail (the newest ``max_bytes``) is read."""
+    it holds twice as many lines or bytes; at start only its tail (the newest ``max_bytes``) is read. A
+    transition the file cannot take (an OSError: full disk, unwritable directory) is still kept in memory,
+    counted in ``mirror_failures`` and logged."""
 
     def __init__(self, capacity: int, path: Path | None = None, max_bytes: int = 64 * 1024 * 1024):
         self.capacity = max(1, capacity)
@@ -173,6 +178,7 @@ class ExperienceBuffer:
         self.bytes = 0
         self._lines = 0
         self._file_bytes = 0
+        self.mirror_failures = 0  # transitions kept but not written to ``path`` (an OSError)
         if path is not None and path.is_file():
             for line in _tail_lines(path, self.max_bytes):
                 try:
@@ -201,13 +207,19 @@ class ExperienceBuffer:
         if not self._keep(exp, len(line)):
             return False
         if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("a") as f:
-                f.write(line)
-            self._lines += 1
-            self._file_bytes += len(line)
-            if self._lines > 2 * self.capacity or self._file_bytes > 2 * self.max_bytes:
-                self.write(self.path)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                with self.path.open("a") as f:
+                    f.write(line)
+                self._lines += 1
+                self._file_bytes += len(line)
+                if self._lines > 2 * self.capacity or self._file_bytes > 2 * self.max_bytes:
+                    self.write(self.path)
+            except OSError as exc:  # e.g. an unwritable state directory: kept in memory, not mirrored
+                self.mirror_failures += 1
+                if self.mirror_failures == 1 or self.mirror_failures % 1000 == 0:
+                    log.error("experience not mirrored to %s (%d so far; kept in memory, lost on a restart): %s",
+                              self.path, self.mirror_failures, exc)
         return True
 
     def write(self, path: Path) -> int:

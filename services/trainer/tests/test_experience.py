@@ -161,6 +161,17 @@ def test_buffer_is_bounded_deduplicated_and_survives_a_restart(tmp_path):
     assert read_experience(tmp_path / "missing.jsonl") == []
 
 
+def test_a_transition_the_file_cannot_take_is_kept_in_memory_and_counted(tmp_path):
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("a file where the state directory should be")
+    buf = ExperienceBuffer(5, blocked / "experience.jsonl")
+    assert [buf.add(exp(i, WEB, "big", 1.0)) for i in (0, 1, 1)] == [True, True, False]
+    assert [e.id for e in buf.items.values()] == ["e0", "e1"] and buf.mirror_failures == 2
+    ok = ExperienceBuffer(5, tmp_path / "experience.jsonl")
+    ok.add(exp(0, WEB, "big", 1.0))
+    assert ok.mirror_failures == 0 and len(ExperienceBuffer(5, tmp_path / "experience.jsonl")) == 1
+
+
 def test_a_torn_last_line_is_skipped(tmp_path):
     path = tmp_path / "experience.jsonl"
     ExperienceBuffer(5, path).add(exp(0, WEB, "big", 1.0))
