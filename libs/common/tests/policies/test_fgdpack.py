@@ -73,3 +73,23 @@ def test_a_higher_fgd_score_still_wins():
 
 def test_registered():
     assert isinstance(get_policy("fgd-pack"), FgdPackPolicy)
+
+
+def test_fgd_pack_cpu_sends_a_cpu_pod_s_ties_to_a_node_without_gpus_and_gpu_pods_as_fgd_pack():
+    # a GPU node already running a pod, an empty GPU node, an empty CPU node: FGD ties a CPU-only pod on all three
+    nodes = (node("gpu-busy"), node("gpu-idle"), node("cpu", gpus=0))
+    state = bind(ClusterState.empty(nodes), Pod("cpu-0", cpu_milli=100, memory_mib=10), 0, ())
+    cand = np.arange(3)
+    cpu_pod = Pod("c", cpu_milli=2000, memory_mib=1024)
+    base = FgdPolicy()
+    base.observe_workload([pod(), pod(milli=500)])
+    s_fgd = base.score(cpu_pod, state, cand)
+    assert len(set(s_fgd.tolist())) == 1
+    assert int(np.argmax(policy().score(cpu_pod, state, cand))) == 0  # fgd-pack: the running GPU node
+    aside = get_policy("fgd-pack-cpu")
+    aside.observe_workload([pod(), pod(milli=500)])
+    s = aside.score(cpu_pod, state, cand)
+    assert int(np.argmax(s)) == 2 and np.all((s <= s_fgd) & (s > s_fgd - 0.5))  # the CPU node; within a unit
+    for gpu_pod in (pod(), pod(milli=500), pod(num=2)):  # GPU pods: fgd-pack's scores exactly
+        assert aside.score(gpu_pod, state, cand).tolist() == policy().score(gpu_pod, state, cand).tolist()
+    assert aside.local_scores  # static keys: a batch may re-score only the nodes it changed
