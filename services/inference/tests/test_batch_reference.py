@@ -123,7 +123,7 @@ def reference_batch(pods, state, policy, batched: bool, devices, sequential: boo
 
 
 @pytest.mark.parametrize("name", ["kube-default", "kube-resources", "most-allocated", "fgd", "fgd-pack",
-                                  "capped:kube-default", "capped:fgd", "model:default"])
+                                  "fgd-pack-cpu", "capped:kube-default", "capped:fgd", "model:default"])
 def test_decide_batch_places_every_pod_as_the_reference(name):
     model = name.startswith("model:")
     fast, ref, devices, plain = get_policy(name), get_policy(name), get_policy(name), get_policy(name)
