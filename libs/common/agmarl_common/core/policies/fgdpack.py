@@ -44,9 +44,13 @@ class FgdPackPolicy(FgdPolicy):
         """(len(candidates),) key in [0, 1) ordering tied nodes, lowest first: 0.5 for an empty node plus
         0.49 times its order key."""
         idx = np.asarray(candidates, dtype=np.int64)
+        return 0.5 * (state.pods_used[idx] == 0) + 0.49 * self.order_keys(state)[idx]
+
+    def order_keys(self, state: ClusterState) -> np.ndarray:
+        """(n,) ``features.node_order_keys`` of ``state``'s nodes (kept while the node set is the same)."""
         if self._keys[0] is not state.nodes:
             self._keys = (state.nodes, node_order_keys([n.name for n in state.nodes]))
-        return 0.5 * (state.pods_used[idx] == 0) + 0.49 * self._keys[1][idx]
+        return self._keys[1]
 
     def score(self, pod: Pod, state: ClusterState, candidates: np.ndarray) -> np.ndarray:
         return super().score(pod, state, candidates) - TIE_SHARE * self.tie_keys(state, candidates)
@@ -62,8 +66,7 @@ class FgdPackCpuPolicy(FgdPackPolicy):
         if pod.num_gpu > 0:
             return super().score(pod, state, candidates)
         idx = np.asarray(candidates, dtype=np.int64)
-        self.tie_keys(state, idx[:0])  # binds the order keys to these nodes
-        keys = 0.5 * (state.gpu_count[idx] > 0) + 0.49 * self._keys[1][idx]
+        keys = 0.5 * (state.gpu_count[idx] > 0) + 0.49 * self.order_keys(state)[idx]
         return FgdPolicy.score(self, pod, state, candidates) - TIE_SHARE * keys
 
 
