@@ -29,9 +29,9 @@ from pathlib import Path
 
 import pytest
 from agmarl_cli.supervisor import SERVICES, System, module_of
-from agmarl_common.runtime import subjects
 from agmarl_common.runtime.bus import Bus
 from agmarl_common.runtime.messages import HealthStatus
+from agmarl_testing.fixtures import ask_health
 
 from . import dockerfile
 
@@ -126,13 +126,6 @@ def test_wheel_holds_every_package_and_the_model_folders(install: Install):
                                                                        f.read_text(encoding="utf-8"), re.M)]
 
 
-async def health(bus: Bus, service: str) -> HealthStatus | None:
-    try:
-        return await bus.request(subjects.health(service), b"", HealthStatus, timeout=1.0)
-    except Exception:  # noqa: BLE001 - not answering yet (no responder, timeout)
-        return None
-
-
 async def wait_healthy(bus: Bus, service: str, proc: subprocess.Popen, log: Path) -> HealthStatus:
     """Its health reply once it says "healthy"; fails at once, with its log, if the process ends first."""
     deadline = time.monotonic() + STARTUP_TIMEOUT
@@ -140,7 +133,7 @@ async def wait_healthy(bus: Bus, service: str, proc: subprocess.Popen, log: Path
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise AssertionError(f"{service} exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-        last = await health(bus, service)
+        last = await ask_health(bus, service, timeout=1.0)
         if last is not None and last.status == "healthy":
             return last
         await asyncio.sleep(0.2)
@@ -151,7 +144,7 @@ async def wait_until(bus: Bus, service: str, check, timeout: float = 20.0) -> He
     """The first health reply of ``service`` that passes ``check``, or None after ``timeout``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        status = await health(bus, service)
+        status = await ask_health(bus, service, timeout=1.0)
         if status is not None and check(status):
             return status
         await asyncio.sleep(0.2)

@@ -74,7 +74,7 @@ from agmarl_common.core.cluster.model import (ClusterState, Node, Pod, bind, cho
 from agmarl_common.core.features import EDGE_FEATURES
 from agmarl_common.serving.onnx_model import OnnxModelPolicy
 from agmarl_common.core.policies.registry import get_policy
-from agmarl_testing.fixtures import wait_healthy
+from agmarl_testing.fixtures import ask_health, wait_healthy
 from agmarl_trainer.app import TrainerApp
 
 from .conftest import SERVICES, module_of, wait_for
@@ -229,10 +229,8 @@ def test_bad_model_is_valid_and_picks_what_the_baseline_ranks_last(tmp_path, mod
 
 
 async def health(bus: Bus, service: str) -> dict:
-    try:
-        return (await bus.request(subjects.health(service), b"", m.HealthStatus, timeout=1.0)).details
-    except Exception:  # noqa: BLE001 - busy or not answering yet: ask again
-        return {}
+    status = await ask_health(bus, service, timeout=1.0)  # None: busy or not answering yet, ask again
+    return status.details if status is not None else {}
 
 
 async def select(bus: Bus, policy: str, reason: str) -> m.PolicySelection:

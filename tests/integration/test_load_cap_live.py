@@ -20,7 +20,7 @@ from agmarl_common.core.adaptive import history as hist
 from agmarl_common.runtime.bus import Bus
 from agmarl_common.core.cluster.filters import violations
 from agmarl_common.core.cluster.model import state_from_dict
-from agmarl_testing.fixtures import wait_healthy
+from agmarl_testing.fixtures import ask_health, wait_healthy
 
 from .conftest import module_of, wait_for
 
@@ -57,11 +57,8 @@ async def test_capped_policy_holds_best_effort_pods_back_in_the_live_loop(nats_u
             await wait_healthy(bus, service, timeout=60, proc=proc)
 
         async def serving():
-            try:
-                status = await bus.request(subjects.health("inference"), b"", m.HealthStatus, timeout=1.0)
-            except Exception:  # noqa: BLE001 - busy: ask again
-                return False
-            return status.details.get("policy") == POLICY
+            status = await ask_health(bus, "inference", timeout=1.0)  # None: busy, ask again
+            return status is not None and status.details.get("policy") == POLICY
         assert await wait_for(serving, 30), "inference does not serve the KV selection"
 
         def held_back():
