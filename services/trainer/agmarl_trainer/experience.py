@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -162,14 +163,27 @@ def decision_sample(d: Decision, objective: str = "composite", scheme: str = "fi
 # The buffer (the trainer service's state; file I/O)
 
 
+def mirror_retry_due(failed_tries: int, adds_since: int, seconds_since: float, max_adds: int = 1024,
+                     max_seconds: float = 60.0) -> bool:
+    """Whether an add tries the mirror file again after ``failed_tries`` failed tries in a row, ``adds_since``
+    adds and ``seconds_since`` seconds since the last one: always when none failed, else after 1, 2, 4, ...
+    adds (at most ``max_adds``) or ``max_seconds``, whichever comes first."""
+    if failed_tries <= 0:
+        return True
+    return adds_since >= min(max_adds, 1 << min(failed_tries - 1, 30)) or seconds_since >= max_seconds
+
+
 class ExperienceBuffer:
     """The last ``capacity`` transitions (deduplicated by id) and at most ``max_bytes`` of their JSON,
     mirrored to a JSONL file so a restart keeps them. The file is rewritten with the kept transitions when
     it holds twice as many lines or bytes; at start only its tail (the newest ``max_bytes``) is read. A
     transition the file cannot take (an OSError: full disk, unwritable directory) is still kept in memory,
-    counted in ``mirror_failures`` and logged."""
+    counted in ``mirror_failures`` and logged; the file is then tried again only as ``mirror_retry_due``
+    allows (the adds in between are kept and counted, not written), and the first try that succeeds rewrites
+    it with every kept transition, so it is back in step with memory."""
 
-    def __init__(self, capacity: int, path: Path | None = None, max_bytes: int = 64 * 1024 * 1024):
+    def __init__(self, capacity: int, path: Path | None = None, max_bytes: int = 64 * 1024 * 1024,
+                 clock: Callable[[], float] = time.monotonic):
         self.capacity = max(1, capacity)
         self.max_bytes = max(1, max_bytes)
         self.path = path
@@ -178,14 +192,20 @@ class ExperienceBuffer:
         self.bytes = 0
         self._lines = 0
         self._file_bytes = 0
-        self.mirror_failures = 0  # transitions kept but not written to ``path`` (an OSError)
+        self.mirror_failures = 0  # transitions kept but not written to ``path`` when added
+        self.mirror_behind = False  # the file must be rewritten to hold every kept transition
+        self._clock = clock
+        self._failed_tries = 0  # tries of the file that failed in a row
+        self._adds_since_try = 0
+        self._last_try = 0.0
         if path is not None and path.is_file():
             for line in _tail_lines(path, self.max_bytes):
                 try:
                     self._keep(m.Experience.model_validate_json(line), len(line) + 1)
                 except ValueError:
                     continue  # a torn last line after a crash
-            self.write(path)  # drop what the tail left out
+            self.mirror_behind = True  # drop what the tail left out
+            self._mirror(None)
 
     def __len__(self) -> int:
         return len(self.items)
@@ -206,31 +226,58 @@ class ExperienceBuffer:
         line = exp.model_dump_json() + "\n"
         if not self._keep(exp, len(line)):
             return False
-        if self.path is not None:
-            try:
+        if self.path is not None and not self._mirror(line):
+            self.mirror_failures += 1
+        return True
+
+    def _mirror(self, line: str | None) -> bool:
+        """Append ``line`` to the file (rewrite it when it is behind or too long); False when ``line`` is not
+        in the file: the try failed, or it was not due."""
+        assert self.path is not None
+        self._adds_since_try += 1
+        if not mirror_retry_due(self._failed_tries, self._adds_since_try, self._clock() - self._last_try):
+            self.mirror_behind = True
+            return False
+        self._adds_since_try, self._last_try = 0, self._clock()
+        written = False
+        try:
+            if not self.mirror_behind and line is not None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 with self.path.open("a") as f:
                     f.write(line)
                 self._lines += 1
                 self._file_bytes += len(line)
-                if self._lines > 2 * self.capacity or self._file_bytes > 2 * self.max_bytes:
-                    self.write(self.path)
-            except OSError as exc:  # e.g. an unwritable state directory: kept in memory, not mirrored
-                self.mirror_failures += 1
-                if self.mirror_failures == 1 or self.mirror_failures % 1000 == 0:
-                    log.error("experience not mirrored to %s (%d so far; kept in memory, lost on a restart): %s",
-                              self.path, self.mirror_failures, exc)
+                written = True
+            if self.mirror_behind or self._lines > 2 * self.capacity or self._file_bytes > 2 * self.max_bytes:
+                self.mirror_behind = True  # until ``write`` succeeds
+                self.write(self.path)
+                written = True
+        except OSError as exc:  # e.g. an unwritable state directory: kept in memory, not mirrored
+            self._failed_tries += 1
+            log.error("experience not mirrored to %s (%d tries failed in a row; kept in memory, lost on a restart "
+                      "until the file is rewritten): %s", self.path, self._failed_tries, exc)
+            return written
+        if self._failed_tries:
+            log.warning("experience mirrored to %s again: rewritten with all %d kept transitions", self.path,
+                        len(self.items))
+            self._failed_tries = 0
         return True
 
     def write(self, path: Path) -> int:
         """Every kept transition, oldest first, as JSONL (atomic replace); returns how many."""
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(path.suffix + ".tmp")
-        text = "".join(e.model_dump_json() + "\n" for e in self.items.values())
-        tmp.write_text(text)
-        tmp.replace(path)
+        size = 0
+        try:
+            with tmp.open("w") as f:  # opened first: an unwritable directory fails before any serialising
+                for e in self.items.values():
+                    size += f.write(e.model_dump_json() + "\n")
+            tmp.replace(path)
+        except OSError:
+            tmp.unlink(missing_ok=True)  # a full disk: free what the partial copy took
+            raise
         if path == self.path:
-            self._lines, self._file_bytes = len(self.items), len(text)
+            self._lines, self._file_bytes, self.mirror_behind = len(self.items), size, False
         return len(self.items)
 
 

@@ -16,8 +16,8 @@ from agmarl_common.core.cluster.compact import compact_state
 from agmarl_common.core.cluster.model import ClusterState, Node, Pod, bind, state_from_dict, state_to_dict, to_dict
 from agmarl_testing.fixtures import ask_health, wait_healthy
 from agmarl_common.core.features import POD_FEATURES
-from agmarl_trainer.experience import ExperienceBuffer, decode_decision, experience_samples, read_experience, \
-    reward_threshold
+from agmarl_trainer.experience import ExperienceBuffer, decode_decision, experience_samples, mirror_retry_due, \
+    read_experience, reward_threshold
 
 NODES = (Node("small", cpu_milli=1000, memory_mib=1024), Node("big", cpu_milli=8000, memory_mib=16384),
          Node("gpu", cpu_milli=8000, memory_mib=16384, gpu_count=2, gpu_model="V100"))
@@ -170,6 +170,53 @@ def test_a_transition_the_file_cannot_take_is_kept_in_memory_and_counted(tmp_pat
     ok = ExperienceBuffer(5, tmp_path / "experience.jsonl")
     ok.add(exp(0, WEB, "big", 1.0))
     assert ok.mirror_failures == 0 and len(ExperienceBuffer(5, tmp_path / "experience.jsonl")) == 1
+
+
+@pytest.mark.parametrize("failed,adds,seconds,due", [
+    (0, 0, 0.0, True),  # nothing failed: every add writes
+    (1, 1, 0.0, True), (2, 1, 0.0, False), (2, 2, 0.0, True), (3, 3, 0.0, False), (3, 4, 0.0, True),
+    (40, 1023, 0.0, False), (40, 1024, 0.0, True),  # the gap stops growing at max_adds
+    (40, 1, 59.9, False), (40, 1, 60.0, True),  # ... and a try is never further apart than max_seconds
+])
+def test_a_failing_mirror_is_tried_again_after_doubling_gaps_bounded_in_adds_and_time(failed, adds, seconds, due):
+    assert mirror_retry_due(failed, adds, seconds) is due
+
+
+def test_a_failing_mirror_backs_off_and_catches_up_with_memory_once_it_can_write(tmp_path, caplog):
+    """While the state directory's place is taken by a file (an OSError for root too), adds try the file only
+    after 1, 2, 4 ... adds; the first try once it is a directory again rewrites it with every kept transition."""
+    state_dir = tmp_path / "state"
+    state_dir.write_text("a file where the state directory should be")
+    path = state_dir / "experience.jsonl"
+    buf = ExperienceBuffer(50, path, clock=lambda: 0.0)
+    with caplog.at_level("ERROR", logger="agmarl.trainer.experience"):
+        for i in range(8):
+            buf.add(exp(i, WEB, "big", 1.0))
+    assert len(caplog.records) == 4  # one per failed try: adds 0, 1, 3 and 7 (gaps 1, 2, 4)
+    assert buf.mirror_failures == 8 and buf.mirror_behind
+    state_dir.unlink()
+    state_dir.mkdir()  # writable again; the next try is due 8 adds after the last (i = 15)
+    for i in range(8, 15):
+        buf.add(exp(i, WEB, "big", 1.0))
+        assert not path.exists()
+    buf.add(exp(15, WEB, "big", 1.0))  # in step once: every kept transition, oldest first
+    assert [e.id for e in read_experience(path)] == [f"e{i}" for i in range(16)] and not buf.mirror_behind
+    buf.add(exp(16, WEB, "big", 1.0))  # and appended to from then on
+    assert [e.id for e in ExperienceBuffer(50, path).items.values()] == [f"e{i}" for i in range(17)]
+    assert [e.id for e in buf.items.values()] == [f"e{i}" for i in range(17)] and buf.mirror_failures == 15
+
+
+def test_a_failing_mirror_is_tried_again_after_max_seconds_whatever_the_adds(tmp_path):
+    state_dir, now = tmp_path / "state", [0.0]
+    state_dir.write_text("not a directory")
+    buf = ExperienceBuffer(50, state_dir / "experience.jsonl", clock=lambda: now[0])
+    for i in range(12):  # tries at 0, 1, 3, 7; the next one is due at 15
+        buf.add(exp(i, WEB, "big", 1.0))
+    state_dir.unlink()
+    state_dir.mkdir()
+    now[0] = 7 * 60.0  # a minute since the last try
+    buf.add(exp(12, WEB, "big", 1.0))
+    assert [e.id for e in read_experience(state_dir / "experience.jsonl")] == [f"e{i}" for i in range(13)]
 
 
 def test_a_torn_last_line_is_skipped(tmp_path):
