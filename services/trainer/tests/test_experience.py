@@ -219,6 +219,17 @@ def test_a_failing_mirror_is_tried_again_after_max_seconds_whatever_the_adds(tmp
     assert [e.id for e in read_experience(state_dir / "experience.jsonl")] == [f"e{i}" for i in range(13)]
 
 
+def test_a_rewrite_that_fails_at_start_does_not_stop_the_trainer(tmp_path):
+    path = tmp_path / "experience.jsonl"
+    ExperienceBuffer(5, path).add(exp(0, WEB, "big", 1.0))
+    (tmp_path / "experience.jsonl.tmp").mkdir()  # the rewrite's temporary file cannot be made (for root too)
+    buf = ExperienceBuffer(5, path, clock=lambda: 0.0)
+    assert list(buf.items) == ["e0"] and buf.mirror_behind
+    (tmp_path / "experience.jsonl.tmp").rmdir()
+    buf.add(exp(1, WEB, "big", 1.0))  # due (one failed try): rewritten with both
+    assert [e.id for e in read_experience(path)] == ["e0", "e1"] and not buf.mirror_behind
+
+
 def test_a_torn_last_line_is_skipped(tmp_path):
     path = tmp_path / "experience.jsonl"
     ExperienceBuffer(5, path).add(exp(0, WEB, "big", 1.0))
