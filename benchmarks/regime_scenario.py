@@ -19,7 +19,7 @@ import numpy as np
 from agmarl_common.core.cluster.model import (ZONE_LABEL, LabelRequirement, LabelSelector, Node, NodeSelectorTerm, Pod,
                                          PodAffinityTerm, PreferredSchedulingTerm, WeightedPodAffinityTerm)
 from agmarl_common.core.reward import IO_HEAVY_LABEL, LOCAL_SSD_LABEL, NETWORK_HEAVY_LABEL
-from agmarl_common.core.sim import dynamic, synthetic
+from agmarl_common.core.sim import synthetic
 from agmarl_common.core.sim.loadcurve import flat_curve
 from agmarl_common.core.sim.traces import GPU_NODES, load_openb_nodes, load_openb_pods, openb_node_path, openb_pod_path
 

@@ -15,7 +15,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import yaml
 
 from agmarl_common.runtime import permissions
 from agmarl_common.runtime.bus import Bus

@@ -28,7 +28,6 @@ import uuid
 from collections import defaultdict
 
 import httpx
-import pytest
 
 from agmarl_common.runtime import messages as m
 from agmarl_common.runtime import subjects

@@ -1,8 +1,6 @@
 """Search-based policy improvement (search.py) on tiny openb sub-clusters: it runs, the labels never lose
 allocation against the policy's own pick, the KL trust region holds, and the best held-out iteration is kept."""
 
-import dataclasses
-
 import numpy as np
 import pytest
 import torch
@@ -10,7 +8,7 @@ import torch
 from agmarl_trainer import search
 from agmarl_trainer.config import config_from_dict
 from agmarl_trainer.model import NetConfig, PolicyNet
-from agmarl_trainer.train import MetricsLog, load_start, train
+from agmarl_trainer.train import load_start, train
 
 TINY = {"name": "search-test", "seed": 0, "workers": 1, "train_workloads": ["default"], "time_budget_s": 300,
         "torch_threads": 1, "net": {"hidden": 8, "heads": 2, "encoder_layers": 2, "mlp": 16},
