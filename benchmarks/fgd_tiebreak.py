@@ -35,44 +35,37 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 
 from agmarl_common.core.cluster.model import GPU_MILLI, ClusterState, Pod
-from agmarl_common.core.features import node_order_keys
 from agmarl_common.core.policies.fgd import FgdPolicy
-from agmarl_common.core.policies.fgdpack import FgdPackCpuPolicy, FgdPackPolicy
+from agmarl_common.core.policies.fgdpack import TIE_SHARE, FgdPackCpuPolicy, FgdPackPolicy
 from agmarl_common.core.stats import interval
 from agmarl_common.core.sim.inflation import run_inflation
 from agmarl_common.core.sim.traces import ALL_NODES, load_openb_nodes, load_openb_pods, openb_node_path, openb_pod_path
 
 VARIANTS = ("node-order", "random", "gpu-left", "name-hash", "fgd-pack", "cpu-spread", "fgd-pack-cpu")
-TIE_SHARE = 0.5 * 0.999  # the secondary key stays inside one score unit
 
 
-class FgdTieBreak(FgdPolicy):
-    """FGD's integer scores plus a secondary key in (-TIE_SHARE, 0] that only orders tied nodes."""
+class FgdTieBreak(FgdPackPolicy):
+    """FGD's integer scores minus a key in [0, 1), scaled by fgd-pack's ``TIE_SHARE``, that only orders tied
+    nodes, by a rule only this benchmark compares: ``gpu-left``, ``name-hash`` (fgd-pack's order keys alone) or
+    ``cpu-spread`` (fgd-pack for GPU pods)."""
 
     def __init__(self, rule: str):
         super().__init__(0)
         self.rule = rule
-        self._hash: np.ndarray | None = None
-
-    def _keys(self, state: ClusterState) -> np.ndarray:
-        if self._hash is None or len(self._hash) != state.n_nodes:
-            self._hash = node_order_keys([n.name for n in state.nodes])
-        return self._hash
 
     def score(self, pod: Pod, state: ClusterState, candidates: np.ndarray) -> np.ndarray:
-        base = super().score(pod, state, candidates)
+        if self.rule == "cpu-spread" and pod.num_gpu > 0:
+            return super().score(pod, state, candidates)
         idx = np.asarray(candidates, dtype=np.int64)
-        if self.rule == "cpu-spread" and pod.num_gpu == 0:
+        if self.rule == "cpu-spread":
             key = (state.cpu_used[idx] + pod.cpu_milli) / np.maximum(state.cpu_cap[idx], 1)
-        elif self.rule == "cpu-spread":
-            key = 0.5 * (state.pods_used[idx] == 0) + 0.49 * self._keys(state)[idx]
         elif self.rule == "gpu-left":
             cap = state.gpu_count[idx] * GPU_MILLI
             free = np.clip(cap - state.gpu_used[idx].sum(axis=1), 0, None)
             key = (free - pod.gpu_milli_total) / np.maximum(cap, 1)
         else:  # name-hash
-            key = self._keys(state)[idx]
-        return base - TIE_SHARE * np.clip(key, 0.0, 1.0)
+            key = self.order_keys(state)[idx]
+        return FgdPolicy.score(self, pod, state, candidates) - TIE_SHARE * np.clip(key, 0.0, 1.0)
 
 
 def run(variant: str, seed: int, nodes, pods) -> float:
