@@ -204,6 +204,32 @@ def test_one_pod_reads_the_same_rows_whatever_the_candidate_order():
         assert a3.tobytes() == np.concatenate([a, a[:1]]).tobytes()
 
 
+def test_one_pods_memoised_rows_follow_binds_and_read_its_own_memory():
+    """The one-pod path keeps its pair rows per (pod shape, cpu) and node version: across binds and unbinds,
+    and for pods of one shape with other memory or a zero cpu request (the shape counts it as 100m), its rows
+    equal those the batch path computes afresh (candidates in another order), bit for bit."""
+    rng = np.random.default_rng(21)
+    state = fill(rng, ClusterState.empty(random_nodes(rng, 30)), 60, "fill")
+    context = FeatureContext(target_workload([random_pod(rng, f"t{k}") for k in range(100)]))
+    base = [random_pod(rng, f"p{k}") for k in range(6)]
+    pods = base + [replace(p, name=f"{p.name}-mem", memory_mib=p.memory_mib * 2 + 1) for p in base] \
+        + [Pod("zero", 0, 1024), Pod("default", 100, 1024)]
+    assert pod_shape(pods[-1]) == pod_shape(pods[-2])
+    for step in range(5):
+        for pod in pods:
+            cand = feasible_nodes(pod, state)
+            if cand.size < 2:
+                continue
+            order = rng.permutation(cand.size)
+            a, d = pair_features(pod, state, cand, context)  # ascending: the memoised rows
+            a2, d2 = pair_features(pod, state, cand[order], context)  # any other order: computed afresh
+            assert a.tobytes() == a2[np.argsort(order)].tobytes() and d.tobytes() == d2[np.argsort(order)].tobytes()
+        state = fill(rng, state, 4, f"s{step}")
+        busy = np.flatnonzero(state.pods_used > 0)
+        i = int(rng.choice(busy))
+        state = unbind_at(state, i, state.bound[i][0].key)
+
+
 def test_placement_frag_many_equals_placement_frag_shape_by_shape():
     rng = np.random.default_rng(5)
     state = fill(rng, ClusterState.empty(random_nodes(rng, 50)), 120, "fill")

@@ -105,7 +105,7 @@ def decide(pod: Pod, state: ClusterState, policy: Policy, default: Policy, mode:
     order = best_first(blended, TOP_SCORES)
     top = order[:TOP_SCORES]
     if np.isnan(base).any():
-        logged = np.union1d(top, [best])
+        logged = np.sort(top if (top == best).any() else np.append(top, best))  # np.union1d(top, [best]), cheaper
         base[logged] = normalise_scores(default.score(pod, state, idx[logged]))
     names = {int(k): state.nodes[int(idx[k])].name for k in top}
     names[best] = state.nodes[node_index].name

@@ -5,7 +5,8 @@
 over the pod's candidate pairs (the ONNX contract in docs/model.md), and returns the logits as scores.
 
 Serving cost is kept down by caching per cluster (one ``nodes`` tuple):
-- node rows: ``FeatureContext`` recomputes only the rows whose usage changed, pair features are
+- node rows: ``FeatureContext`` recomputes only the rows whose usage changed, pair features (the
+  fragmentation a placement leaves, and one pod's pair rows but its memory and ``reward_gain`` columns) are
   memoised per pod shape and node usage;
 - node embeddings: ``EncoderCache`` re-runs the encoder only on the L-hop neighbourhood of the rows that
   changed (the same numbers as a full pass up to float rounding), a full pass when many rows changed;
@@ -32,7 +33,7 @@ from agmarl_common.serving import modelstore
 from agmarl_common.serving.actor_head import DecomposedActor
 from agmarl_common.core.cluster.model import ClusterState, Pod
 from agmarl_common.core.features import (EDGE_FEATURES, NODE_FEATURES, POD_FEATURES, FeatureContext, HeteroGraph, build_graph,
-                                    check_objective, device_for, identical_pods)
+                                    changed_rows, check_objective, device_for, identical_pods)
 from agmarl_common.core.policies.base import PolicyBase
 from agmarl_common.core.policies.registry import MODEL_PREFIX  # noqa: F401  (re-exported)
 from agmarl_common.core.reward import SCHEMES
@@ -149,7 +150,7 @@ class EncoderCache:
             return self._full(node_x)
         if self.node_x.tobytes() == node_x.tobytes():  # one memcmp (the usual case: ``prepare`` ran first)
             return self.emb
-        changed = np.flatnonzero((self.node_x != node_x).any(axis=1))
+        changed = changed_rows(self.node_x, node_x)
         if changed.size == 0:  # equal values in other bytes (0.0 and -0.0)
             return self.emb
         affected = self._hops(changed, self._out, self.edges[1])  # rows whose embedding may change
@@ -211,6 +212,8 @@ class OnnxModelPolicy(PolicyBase):
         self._cols = {k: input_columns(self.manifest, f"{k}_features", names) for k, names in specs.items()}
         self._names = {k: list(names) if self._cols[k] is None else [names[j] for j in self._cols[k]]
                        for k, names in specs.items()}
+        # the inputs an explanation's occlusion names: the pair's edge features, then the node's
+        self._occluded = [f"edge.{f}" for f in self._names["edge"]] + [f"node.{f}" for f in self._names["node"]]
 
     @staticmethod
     def from_dir(path: str | Path, trust: modelstore.ModelTrust | None = None) -> "OnnxModelPolicy":
@@ -455,7 +458,7 @@ class OnnxModelPolicy(PolicyBase):
         keep = top_order(logits, EXPLAIN_TOP)  # best first
         nodes = g.cand_node[keep]
         k = keep.size
-        names = [f"edge.{f}" for f in self._names["edge"]] + [f"node.{f}" for f in self._names["node"]]
+        names = self._occluded
         fe = len(self._names["edge"])
         base = np.concatenate([g.cand_attr[keep], g.node_x[nodes]], axis=1)  # (k, fe + fn): the pairs' inputs
         varies = np.flatnonzero((base != base[0]).any(axis=0))  # features an occlusion changes
@@ -463,13 +466,13 @@ class OnnxModelPolicy(PolicyBase):
         if varies.size == 0:
             return out
         copies = 1 + varies.size  # copy 0: as scored; copy 1 + c: feature varies[c] set to its mean
-        x = np.broadcast_to(base, (copies, k, base.shape[1])).copy()
+        x = base[None].repeat(copies, axis=0)  # (copies, k, fe + fn)
         x[1 + np.arange(varies.size), :, varies] = base[:, varies].mean(axis=0)[:, None]
         x = x.reshape(copies * k, base.shape[1])
         logit, _ = self.actor.run(None, {
-            "node_emb": np.tile(emb[nodes], (copies, 1)), "node_x": np.ascontiguousarray(x[:, fe:]),
-            "pod_x": np.repeat(g.pod_x, copies, axis=0),
-            "cand_pod": np.repeat(np.arange(copies, dtype=np.int64), k),
+            "node_emb": emb[nodes][None].repeat(copies, axis=0).reshape(copies * k, -1),
+            "node_x": np.ascontiguousarray(x[:, fe:]), "pod_x": g.pod_x.repeat(copies, axis=0),
+            "cand_pod": np.arange(copies, dtype=np.int64).repeat(k),
             "cand_node": np.arange(copies * k, dtype=np.int64), "cand_attr": np.ascontiguousarray(x[:, :fe])})
         logit = logit.reshape(copies, k)[:, 0]
         out.update(zip((names[j] for j in varies), (logit[0] - logit[1:]).astype(np.float64).tolist()))

@@ -82,7 +82,7 @@ def fits_gpu(pod: Pod, state: ClusterState, i: int) -> FilterStatus:
         return OK
     if pod.gpu_spec and state.gpu_model[i] not in pod.gpu_spec:
         return _fail("NodeResourcesFit", "node(s) didn't match Pod's gpu_spec")
-    if choose_gpus(pod, _gpu_free_row(state, i)) is None:
+    if state.gpu_count[i] == 0 or choose_gpus(pod, _gpu_free_row(state, i)) is None:  # no devices: none free
         return _fail("NodeResourcesFit", "Insufficient nvidia.com/gpu")
     return OK
 

@@ -46,6 +46,8 @@ from agmarl_common.core.features.pairs import (  # noqa: F401  (pair inputs: re-
     gpu_left, objective_gains, placement_frag, placement_frag_many, shape_jobs)
 from agmarl_common.core.sim.fragmentation import TargetWorkload, pod_shape, target_workload
 
+ROW_MEMOS = 64  # (pod shape, cpu) entries ``FeatureContext.pair_rows`` keeps (each (n, F_EDGE) float32); then anew
+
 NODE_FEATURES = (
     "cpu_free", "mem_free", "gpu_free", "gpu_whole_free", "pods_free", "cpu_util", "mem_util", "gpu_util",
     "has_gpu", "gpu_count", "gpu_partial", "gpu_max_free", "frag", "frag_ratio", "target_access", "empty",
@@ -93,7 +95,8 @@ class FeatureContext:
     the node's usage arrays differ from the snapshot it was computed from. The snapshot holds the usage
     arrays of the last state seen (``ClusterState`` is immutable: ``bind``/``unbind`` make new arrays), and
     the same arrays again mean no change. Each row has a version, bumped when it changes; the
-    fragmentation memo of each pod shape records the version its rows were computed at.
+    fragmentation memo of each pod shape, and the one-pod path's pair rows of each (pod shape, cpu)
+    (``pair_rows``), record the version their rows were computed at.
     """
 
     target: TargetWorkload
@@ -109,6 +112,7 @@ class FeatureContext:
     _version: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (n,) bumped when a row changes
     _terms: dict = field(default_factory=dict)  # per-node terms the pair features read, (n,) or (n, G) each
     _pairs: dict = field(default_factory=dict)  # pod shape -> (row version, delta, after, device), (n,) each
+    _rows: dict = field(default_factory=dict)  # (pod shape, cpu) -> (row version (n,), pair rows (n, F_EDGE))
     _shape_prob: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -136,6 +140,7 @@ class FeatureContext:
                        "empty": np.zeros(n, bool), "gpu_left": np.zeros((n, MAX_GPUS), np.int64)}
         self._edges = None
         self._pairs = {}
+        self._rows = {}
 
     def access(self, state: ClusterState) -> np.ndarray:
         """(n, K) bool: which target shapes each node's GPU model admits."""
@@ -162,8 +167,7 @@ class FeatureContext:
         else:
             diff = np.zeros(state.n_nodes, dtype=bool)
             for a, b in zip(cur, self._snap):
-                d = a != b
-                diff |= d.any(axis=1) if d.ndim == 2 else d
+                diff[changed_rows(a, b)] = True
             rows = np.flatnonzero(diff)
         if rows.size:
             x, frag = node_feature_rows(state, rows, self._access[rows], self.target)
@@ -233,6 +237,29 @@ class FeatureContext:
         memos = self._memos(jobs, state)
         return tuple(np.concatenate([m[j] for m in memos])[flat] for j in (1, 2, 3))
 
+    def pair_rows(self, pod: Pod, state: ClusterState, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``pair_features_batch`` of one pod on ascending distinct nodes ``idx`` (the live path), but for its
+        ``mem_left`` and ``reward_gain`` columns (left to the caller): ((E, F_EDGE) float32, (E,) device). The
+        other columns read only the pod's shape and cpu and the node's usage, so they are memoised per (pod
+        shape, cpu) and node version, as the fragmentation memo is: only the rows of nodes changed since that
+        shape was last placed are computed (``_pair_columns``, the same arithmetic), the rest are read."""
+        self._refresh(state)
+        shape = pod_shape(pod)
+        (memo,) = self._memos([(shape, idx)], state)
+        key = (shape, pod.cpu_milli)
+        if key not in self._rows:
+            if len(self._rows) >= ROW_MEMOS:
+                self._rows.clear()
+            self._rows[key] = (np.full(state.n_nodes, -1, np.int64), np.zeros((state.n_nodes, F_EDGE), np.float32))
+        ver, rows = self._rows[key]
+        stale = idx[ver[idx] != self._version[idx]]
+        if stale.size:
+            for j, col in enumerate(_pair_columns([pod], np.zeros(stale.size, np.int64), stale, self._terms,
+                                                  memo[1][stale], memo[2][stale], memo[3][stale])):
+                rows[stale, j] = col
+            ver[stale] = self._version[stale]
+        return rows[idx], memo[3][idx]
+
     def _memos(self, jobs: list[tuple[tuple, np.ndarray]], state: ClusterState) -> list[tuple[np.ndarray, ...]]:
         """``current_memos`` of ``jobs`` in this context's memo (after ``_refresh``)."""
         return current_memos(self._pairs, jobs, state, self._version, self._frag, self._access, self._access_class,
@@ -241,6 +268,13 @@ class FeatureContext:
 
 # ---------------------------------------------------------------------------------------------
 # Pods and candidate pairs (the pair inputs: ``features_pairs``)
+
+
+def changed_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Ascending indexes of the rows (first axis) where ``a`` and ``b`` (same shape) differ: found on the flat
+    arrays (a reduction along a short second axis costs numpy more than the comparison itself)."""
+    flat = np.flatnonzero(a != b)
+    return np.unique(flat // (a.size // a.shape[0])) if a.ndim > 1 and a.shape[0] else flat
 
 
 def pod_features(pods: Sequence[Pod], context: FeatureContext) -> np.ndarray:
@@ -309,8 +343,32 @@ def pair_features_batch(pods: Sequence[Pod], state: ClusterState, candidates: Se
     e = idx.size
     if e == 0:
         return np.zeros((0, F_EDGE), np.float32), np.zeros(0, np.int64)
+    gains = objective_gains(pods, state, candidates, context.objective, context.scheme)
+    if len(pods) == 1 and (e < 2 or bool((idx[1:] > idx[:-1]).all())):
+        # one pod on ascending distinct nodes (the live path): the memoised rows, then its own two columns
+        out, dev = context.pair_rows(pods[0], state, idx)
+        t = context.pair_terms(state)
+        out[:, MEM_LEFT] = (t["mem_free"][idx] - pods[0].memory_mib) / t["mem_cap"][idx]
+        out[:, -1] = gains
+        return out, dev
     pod_of = np.repeat(np.arange(len(pods)), sizes)
     delta, after, dev = context.frag_after_batch(pods, state, idx, pod_of)
+    out = np.empty((e, F_EDGE), np.float32)  # float64 values rounded once, as .astype(np.float32) does
+    for j, col in enumerate(_pair_columns(pods, pod_of, idx, context.pair_terms(state), delta, after, dev)):
+        out[:, j] = col
+    out[:, -1] = gains
+    return out, dev
+
+
+MEM_LEFT = EDGE_FEATURES.index("mem_left")  # the one pair column that reads the pod's memory
+
+
+def _pair_columns(pods: Sequence[Pod], pod_of: np.ndarray, idx: np.ndarray, t: dict[str, np.ndarray],
+                  delta: np.ndarray, after: np.ndarray, dev: np.ndarray) -> list[np.ndarray]:
+    """The pair columns but ``reward_gain`` (float64, ``EDGE_FEATURES`` order) of pairs e = (``pods[pod_of[e]]``,
+    node ``idx[e]``): ``t``, the context's per-node terms (``pair_terms``); ``delta``, ``after``, ``dev``,
+    the pairs' fragmentation results (``frag_after_batch``)."""
+    e = idx.size
 
     def per_pair(a: np.ndarray) -> np.ndarray:
         """A per-pod (P,) integer array per pair: (E,), or its numpy scalar for one pod (the same values)."""
@@ -323,7 +381,6 @@ def pair_features_batch(pods: Sequence[Pod], state: ClusterState, candidates: Se
     milli, gpu_req = per_pair(milli_p), per_pair(req_p)
     pcpu = per_pair(np.array([p.cpu_milli for p in pods]))
     # per node: usage terms kept current by the context (exact integers)
-    t = context.pair_terms(state)
     cpu_free = t["cpu_free"][idx]
     cpu_after = cpu_free - pcpu
     mem_after = t["mem_free"][idx] - per_pair(np.array([p.memory_mib for p in pods]))
@@ -333,7 +390,7 @@ def pair_features_batch(pods: Sequence[Pod], state: ClusterState, candidates: Se
     whole_after = t["whole_free"][idx] - per_pair(np.where(milli_p >= GPU_MILLI, num_p, 0))
     has_gpu = gcap > 0
     frag = delta / FRAG_SCALE
-    cols = [
+    return [
         cpu_after / t["cpu_cap"][idx],
         mem_after / t["mem_cap"][idx],
         gpu_after / GPU_SCALE,
@@ -348,12 +405,7 @@ def pair_features_batch(pods: Sequence[Pod], state: ClusterState, candidates: Se
         t["empty"][idx],  # bools: 0.0 / 1.0 exactly
         has_gpu & (gpu_after <= 0) & (gpu_req > 0),
         np.divide(gpu_req, gcap, out=np.zeros(e), where=has_gpu),
-        objective_gains(pods, state, candidates, context.objective, context.scheme),
     ]
-    out = np.empty((e, F_EDGE), np.float32)  # float64 values rounded once, as .astype(np.float32) does
-    for j, col in enumerate(cols):
-        out[:, j] = col
-    return out, dev
 
 
 # ---------------------------------------------------------------------------------------------
@@ -389,7 +441,7 @@ def build_graph(pods: Sequence[Pod], state: ClusterState, candidates: Sequence[n
 def device_for(pod: Pod, state: ClusterState, node_index: int, context: FeatureContext) -> tuple[int, ...] | None:
     """GPU devices the learned policy binds ``pod`` to on ``node_index``: the least-fragmenting device for
     a share (``cand_device``), the lowest-index free devices for whole GPUs, () without GPUs."""
-    if not pod.is_gpu_share:
-        return choose_gpus(pod, state.gpu_free()[node_index])
+    if not pod.is_gpu_share:  # the node's own devices only (not every node's: this runs once a decision)
+        return choose_gpus(pod, gpu_left(state, np.array([node_index]))[0]) if pod.num_gpu else ()
     _, _, dev = context.frag_after(pod, state, np.array([node_index], np.int64))
     return (int(dev[0]),) if dev[0] >= 0 else None

@@ -38,6 +38,7 @@ MEM_SCALE = 1_048_576.0  # MiB of a large node
 GPU_SCALE = float(MAX_GPUS * GPU_MILLI)
 FRAG_SCALE = 1000.0  # fragmentation deltas are in GPU milli: one GPU = 1.0
 _EARLIER = np.tri(MAX_GPUS, k=-1, dtype=bool)  # [j, j']: device j' comes before device j
+FEW_ROWS = 32  # ``placement_frag_many`` computes up to this many rows as they are, without finding equal ones first
 
 
 def gpu_left(state: ClusterState, rows: np.ndarray) -> np.ndarray:
@@ -98,8 +99,8 @@ def placement_frag_many(jobs: Sequence[tuple[tuple, np.ndarray]], state: Cluster
         cpu_left, left = state.cpu_cap[rows] - state.cpu_used[rows], gpu_left(state, rows)
     else:
         cpu_left, left = free[0][rows], free[1][rows]
-    if rows.size == 1:  # one row: nothing to deduplicate
-        first = inv = np.zeros(1, np.int64)
+    if rows.size <= FEW_ROWS:  # a few rows (a decision's stale memo rows): deduplicating costs more than it saves
+        first = inv = np.arange(rows.size)
     else:
         key = np.ascontiguousarray(np.column_stack([sid, cpu_left, left, access_class[rows]]).astype(np.int64))
         void = key.view(np.dtype((np.void, key.itemsize * key.shape[1]))).reshape(-1)

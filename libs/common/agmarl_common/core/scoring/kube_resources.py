@@ -288,8 +288,8 @@ def score_balanced_allocation(pod: Pod, state: ClusterState, candidates: np.ndar
         has.append(alloc > 0)
     shape = (len(resources), len(c))
     h = np.array(has).reshape(shape)
-    s_with = balance_score(np.array(with_pod).reshape(shape), h)
-    s_without = balance_score(np.array(without_pod).reshape(shape), h)
+    # with and without the pod in one call (balance_score's (pods, resources, nodes) form: the same numbers)
+    s_with, s_without = balance_score(np.array([with_pod, without_pod]).reshape((2,) + shape), h)
     half = MAX_NODE_SCORE // 2
     return (half + (half + s_with - s_without) // 2).astype(np.float64)
 
