@@ -195,13 +195,18 @@ async def test_three_replicas_keep_acknowledging_with_one_server_lost(tmp_path):
         bus = await Bus.connect(f"nats://127.0.0.1:{ports[1]}", "test-replicas", connect_wait=15.0)
         bus.stream_replicas = 3
 
+        errors: list[str] = []
+
         async def created():
             try:
                 return await bus.ensure_stream(subjects.DECISIONS)
-            except Exception:  # noqa: BLE001 - no JetStream meta leader yet
+            except Exception as exc:  # noqa: BLE001 - no JetStream meta leader yet
+                errors.append(repr(exc))
                 return None
-        info = await wait_for(created, timeout=30, interval=0.2)
-        assert info is not None and info.config.num_replicas == 3 and len(info.cluster.replicas) == 2
+        # three servers electing a meta leader with fsync on every write: seconds, more on a loaded CI machine
+        info = await wait_for(created, timeout=60, interval=0.2)
+        assert info is not None, f"no replicated stream after 60 s; last errors: {errors[-3:]}"
+        assert info.config.num_replicas == 3 and len(info.cluster.replicas) == 2
         got: list[str] = []
 
         async def on_msg(msg):
