@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -31,19 +30,9 @@ import numpy as np
 
 from agmarl_cli.eval_jobs import run_job
 from agmarl_cli.eval_spec import EvalSpec, parse_seeds
+from agmarl_common.core.stats import interval
 
 TARGET = 96.0
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-       11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 19: 2.093, 29: 2.045}
-
-
-def interval(diffs: list[float]) -> tuple[float, float]:
-    """(mean, 95 % t half-width) of paired differences."""
-    d = np.asarray(diffs, float)
-    if d.size < 2:
-        return float(d.mean()), float("nan")
-    t = T95.get(d.size - 1, T95[max(k for k in T95 if k <= d.size - 1)])
-    return float(d.mean()), float(t * d.std(ddof=1) / math.sqrt(d.size))
 
 
 def job(args: tuple[str, str, int]) -> tuple[str, str, int, float, float]:
@@ -78,8 +67,8 @@ def from_manifest(arg: str, policies: list[str]) -> dict[tuple[str, str, int], f
 def paired(alloc: dict, workload: str, candidate: str, other: str, seeds: list[int]) -> tuple[float, float, int]:
     """(mean, 95 % half-width, seeds ahead) of candidate - other on one pod list."""
     d = [alloc[(workload, candidate, s)] - alloc[(workload, other, s)] for s in seeds]
-    mean, half = interval(d)
-    return mean, half, sum(x > 0 for x in d)
+    mean, _, high = interval(d)
+    return mean, high - mean, sum(x > 0 for x in d)
 
 
 def main() -> int:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -34,10 +33,9 @@ from agmarl_common.core.policies.base import PolicyBase
 from agmarl_common.core.policies.registry import get_policy
 from agmarl_common.core.sim import traces
 from agmarl_common.core.sim.inflation import run_inflation
+from agmarl_common.core.stats import interval
 
 SPEC = EvalSpec(protocol="inflation", workload="openb:default", nodes="openb:all")
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-       11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 19: 2.093, 29: 2.045}
 
 
 class AgreementProbe(PolicyBase):
@@ -71,15 +69,6 @@ class AgreementProbe(PolicyBase):
         return self.ref.choose_gpus(pod, state, node_index)
 
 
-def interval(diffs: list[float]) -> tuple[float, float]:
-    """(mean, 95 % t half-width) of paired differences."""
-    d = np.asarray(diffs, float)
-    if d.size < 2:
-        return float(d.mean()), float("nan")
-    t = T95.get(d.size - 1, T95[max(k for k in T95 if k <= d.size - 1)])
-    return float(d.mean()), float(t * d.std(ddof=1) / math.sqrt(d.size))
-
-
 def allocation(float_ref: str, int8_ref: str, seeds: list[int]) -> dict:
     nodes = load_nodes(SPEC)
     rows = []
@@ -99,7 +88,8 @@ def allocation(float_ref: str, int8_ref: str, seeds: list[int]) -> dict:
               f"same pick on {100 * row['agreement']:.1f} % of {row['decisions']} decisions "
               f"(float logit margin where they differ: median {row['margin_median']}) [{row['seconds']} s]", flush=True)
         rows.append(row)
-    mean, half = interval([r["diff"] for r in rows])
+    mean, _, high = interval([r["diff"] for r in rows])
+    half = high - mean
     total = sum(r["decisions"] for r in rows)
     return {"seeds": seeds, "rows": rows, "float_mean": round(float(np.mean([r["float"] for r in rows])), 3),
             "int8_mean": round(float(np.mean([r["int8"] for r in rows])), 3), "diff_mean": round(mean, 3),

@@ -25,7 +25,19 @@ def test_one_difference_has_no_interval_and_none_is_an_error():
         interval([])
 
 
+# two-sided 95 % Student t quantiles (t 0.975) to 3 decimals, as in standard tables (checked against the
+# regularised incomplete beta function when the table was extended)
+KNOWN_T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+              2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+              2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+
+
+@pytest.mark.parametrize("df", range(1, 31))
+def test_t975_is_the_known_quantile_for_1_to_30_degrees_of_freedom(df):
+    assert t975(df) == KNOWN_T975[df - 1]
+
+
 def test_t975_is_conservative_between_table_entries_and_normal_for_large_samples():
-    assert t975(11) == t975(10) == 2.228 and t975(500) == 1.96
+    assert t975(35) == t975(30) == 2.042 and t975(45) == t975(39) == 2.023 and t975(500) == 1.96
     with pytest.raises(ValueError):
         t975(0)

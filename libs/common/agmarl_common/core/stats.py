@@ -8,14 +8,17 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-# Student's t 97.5 % quantiles (two-sided 95 %) by degrees of freedom; between entries the value at or below
-# df is used (conservative: a wider interval)
+# Student's t 97.5 % quantiles (two-sided 95 %) by degrees of freedom, to 3 decimals: exact for 1..30, 39 and
+# 59; between 30 and 120 the value at or below df is used (conservative: a wider interval)
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-        12: 2.179, 14: 2.145, 16: 2.120, 19: 2.093, 24: 2.064, 29: 2.045, 39: 2.023, 59: 2.001}
+        11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
+        20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048,
+        29: 2.045, 30: 2.042, 39: 2.023, 59: 2.001}
 
 
 def t975(df: int) -> float:
-    """Student's t 97.5 % quantile for ``df`` >= 1 degrees of freedom (tabulated value at or below ``df``)."""
+    """Student's t 97.5 % quantile for ``df`` >= 1 degrees of freedom (tabulated value at or below ``df``; 1.96
+    from 120 on)."""
     if df < 1:
         raise ValueError(f"t975 needs at least 1 degree of freedom, got {df}")
     return T975[max(k for k in T975 if k <= df)] if df < 120 else 1.96
