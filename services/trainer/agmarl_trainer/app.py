@@ -155,6 +155,14 @@ class TrainerApp:
                                                 own_dirs=[self.work_dir / "models"])
         self.proc: multiprocessing.Process | None = None  # its process (the leader of its process group)
 
+    def health_details(self) -> dict:
+        """The trainer's health details: transitions kept, the run in progress, the newest version published
+        here, and whether the experience file is behind the buffer (``experience_mirror_behind``: it will be
+        rewritten on the next successful try) and how many kept transitions it could not take."""
+        return {"experience_buffered": len(self.buffer), "training": self.running, "latest_published": self.latest,
+                "experience_mirror_behind": self.buffer.mirror_behind,
+                "experience_mirror_failures": self.buffer.mirror_failures}
+
     async def on_experience(self, msg: m.Experience, ctx: HandlerContext) -> None:
         """Keep recent transitions (bounded, deduplicated by id, mirrored to a file) for fine-tuning; the
         stream is durable, so none is lost while the trainer is down."""
@@ -307,8 +315,6 @@ async def main() -> int:
     rt.handle_stream(subjects.EXPERIENCE, subjects.experience(settings.cluster), f"trainer-{subjects.token(settings.cluster)}",
                      m.Experience)(
         app.on_experience)
-    rt.health_details = lambda: {"experience_buffered": len(app.buffer), "training": app.running,
-                                 "latest_published": app.latest,
-                                 "experience_mirror_failures": app.buffer.mirror_failures}
+    rt.health_details = app.health_details
     await rt.start()
     return await rt.run_until_stopped()

@@ -253,6 +253,7 @@ class ExperienceBuffer:
                 self.write(self.path)
                 written = True
         except OSError as exc:  # e.g. an unwritable state directory: kept in memory, not mirrored
+            self.mirror_behind = True  # the file lacks this line (or a rewrite): the next good try rewrites it
             self._failed_tries += 1
             log.error("experience not mirrored to %s (%d tries failed in a row; kept in memory, lost on a restart "
                       "until the file is rewritten): %s", self.path, self._failed_tries, exc)

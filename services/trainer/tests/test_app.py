@@ -282,6 +282,24 @@ async def test_a_trainer_killed_outright_takes_every_process_of_its_run_with_it(
     assert not survivors, [f"{p}: {tree[p][1][:120]}" for p in survivors]
 
 
+def test_health_details_say_whether_the_experience_file_is_behind_and_how_many_it_missed(tmp_path):
+    def app(work_dir):
+        settings = TrainerSettings(cluster="trainer-health")
+        return TrainerApp(ServiceRuntime("trainer", settings), settings, work_dir=work_dir)
+
+    e = m.Experience(id="e0", cluster="t", state={}, action={}, reward=1.0, next_state={}, time=0.0)
+    ok = app(tmp_path / "ok")
+    ok.buffer.add(e)
+    assert ok.health_details() == {"experience_buffered": 1, "training": "", "latest_published": "",
+                                   "experience_mirror_behind": False, "experience_mirror_failures": 0}
+    (tmp_path / "blocked").write_text("a file where the trainer's state directory should be")
+    blocked = app(tmp_path / "blocked" / "trainer")
+    blocked.buffer.add(e)
+    details = blocked.health_details()
+    assert details["experience_buffered"] == 1
+    assert details["experience_mirror_behind"] is True and details["experience_mirror_failures"] == 1
+
+
 def test_force_is_read_from_the_evidence():
     from agmarl_trainer.app import forced
 

@@ -172,6 +172,18 @@ def test_a_transition_the_file_cannot_take_is_kept_in_memory_and_counted(tmp_pat
     assert ok.mirror_failures == 0 and len(ExperienceBuffer(5, tmp_path / "experience.jsonl")) == 1
 
 
+def test_one_failed_append_leaves_the_file_behind_and_the_next_good_try_rewrites_it(tmp_path):
+    state_dir = tmp_path / "state"
+    state_dir.write_text("a file where the state directory should be")
+    buf = ExperienceBuffer(5, state_dir / "experience.jsonl", clock=lambda: 0.0)
+    buf.add(exp(0, WEB, "big", 1.0))
+    assert buf.mirror_failures == 1 and buf.mirror_behind  # the file lacks e0
+    state_dir.unlink()
+    state_dir.mkdir()
+    buf.add(exp(1, WEB, "big", 1.0))  # due (one failed try): rewritten with both, not e1 appended alone
+    assert [e.id for e in read_experience(state_dir / "experience.jsonl")] == ["e0", "e1"] and not buf.mirror_behind
+
+
 @pytest.mark.parametrize("failed,adds,seconds,due", [
     (0, 0, 0.0, True),  # nothing failed: every add writes
     (1, 1, 0.0, True), (2, 1, 0.0, False), (2, 2, 0.0, True), (3, 3, 0.0, False), (3, 4, 0.0, True),
