@@ -15,9 +15,9 @@ recorded from a good scheduler (fgd-pack on an openb sub-cluster), with rewards.
 2. The promoted model now serves; `agmarl retrain --config finetune_dryrun.yaml` (no improvement step: the
    candidate is the serving model) is refused: gain 0 on every seed, nothing published.
 
-Cost (~43 s of CPU in all its processes; docs/model.md "The trainer service"): two ONNX exports (~7 s each:
+Cost (~50 s of CPU in all its processes; docs/model.md "The trainer service"): two ONNX exports (~7 s each:
 the serving model here, the candidate in the run), the fine-tune's search and gate on 16-node sub-clusters
-(~9 s), imports. The trainer runs at the test's priority (AGMARL_TRAIN_NICE=0): a run 10 steps nicer gets a
+(~15 s), imports. The trainer runs at the test's priority (AGMARL_TRAIN_NICE=0): a run 10 steps nicer gets a
 tenth of a core on a loaded machine; the niceness itself is test_app's subject.
 """
 
