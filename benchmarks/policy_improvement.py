@@ -13,6 +13,9 @@ seeds the candidate is ahead on; with several pod lists, a summary table of thos
         [--baselines fgd,fgd-pack,bestfit] [--seeds 42-53] [--workloads default,cpu300,...] [--workers 2] \\
         [--json out.json] [--reuse earlier.json] [--reuse-manifest models/default=model:default]
 
+``--json`` holds the runs so far after every run ({"alloc": ...}, what ``--reuse`` reads: a stopped or failed
+benchmark resumes from it) and the whole summary at the end.
+
 Models are ``model:<ref>`` names (signed and inside an allowed directory, as everywhere). The seeds should be
 ones training never used: the search trains and selects on sub-clusters of 100-200 nodes drawn from its own
 seeds, never on the full cluster.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -51,6 +55,18 @@ def reused(path: str, policies: list[str]) -> dict[tuple[str, str, int], float]:
         old = {"default": old}
     return {(w, p, int(s)): float(a) for w, per_policy in old.items() for p, per in per_policy.items()
             if p in policies for s, a in per.items()}
+
+
+def save_runs(path: str, alloc: dict[tuple[str, str, int], float]) -> None:
+    """The runs so far as ``--reuse`` reads them ({"alloc": {list: {policy: {seed: a}}}}), written whole and then
+    renamed over ``path``, so that a stop leaves the last complete file."""
+    runs: dict = {}
+    for (w, p, s), a in alloc.items():
+        runs.setdefault(w, {}).setdefault(p, {})[str(s)] = a
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"alloc": runs}, f)
+    os.replace(tmp, path)
 
 
 def from_manifest(arg: str, policies: list[str]) -> dict[tuple[str, str, int], float]:
@@ -94,8 +110,10 @@ def main() -> int:
     jobs = [(w, p, s) for w in workloads for s in seeds for p in policies if (w, p, s) not in alloc]
     t0 = time.monotonic()
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
-        rows = list(pool.map(job, jobs))
-    alloc.update({(w, p, s): a for w, p, s, a, _ in rows})
+        for w, p, s, a, _ in pool.map(job, jobs):
+            alloc[(w, p, s)] = a
+            if args.json:  # every run as it ends: a run stopped or failed later resumes with --reuse of this file
+                save_runs(args.json, alloc)
     elapsed = time.monotonic() - t0
     summary = {"seeds": seeds, "target": TARGET, "workloads": workloads,
                "alloc": {w: {p: {s: alloc[(w, p, s)] for s in seeds} for p in policies} for w in workloads},
