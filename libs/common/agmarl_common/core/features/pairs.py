@@ -38,11 +38,6 @@ MEM_SCALE = 1_048_576.0  # MiB of a large node
 GPU_SCALE = float(MAX_GPUS * GPU_MILLI)
 FRAG_SCALE = 1000.0  # fragmentation deltas are in GPU milli: one GPU = 1.0
 _EARLIER = np.tri(MAX_GPUS, k=-1, dtype=bool)  # [j, j']: device j' comes before device j
-# ``placement_frag_many`` computes up to this many rows as they are, without finding equal ones first. One: more
-# would change the numbers, not only the cost. ``node_frag_amount``'s matrix-vector product rounds differently
-# with the batch's size (4.5e-16 on frag_delta at 32), and the trainer's search and distillation amplify that:
-# with 32 the fine-tune of tests/integration/test_retrain_learns.py was no longer promoted (CI of 2026-12-02 15:05).
-FEW_ROWS = 1
 
 
 def gpu_left(state: ClusterState, rows: np.ndarray) -> np.ndarray:
@@ -103,8 +98,10 @@ def placement_frag_many(jobs: Sequence[tuple[tuple, np.ndarray]], state: Cluster
         cpu_left, left = state.cpu_cap[rows] - state.cpu_used[rows], gpu_left(state, rows)
     else:
         cpu_left, left = free[0][rows], free[1][rows]
-    if rows.size <= FEW_ROWS:  # one row: nothing to deduplicate
-        first = inv = np.arange(rows.size)
+    # one row: nothing to deduplicate. Not a few rows without ``np.unique`` either: ``node_frag_amount``'s
+    # matrix-vector product rounds by batch size, and the trainer amplifies 4.5e-16 (docs/performance.md, cut 2)
+    if rows.size == 1:
+        first = inv = np.zeros(1, np.int64)
     else:
         key = np.ascontiguousarray(np.column_stack([sid, cpu_left, left, access_class[rows]]).astype(np.int64))
         void = key.view(np.dtype((np.void, key.itemsize * key.shape[1]))).reshape(-1)
