@@ -78,7 +78,7 @@ class Recorder:
     """What the benchmark sees on the bus: when each decision arrived, every event and the snapshots."""
 
     def __init__(self) -> None:
-        self.decided: dict[str, float] = {}  # decision id -> wall time it was seen
+        self.decided: dict[str, float] = {}  # decision id -> its decided_at (the deciding process's wall time)
         self.events: list[m.ClusterEvent] = []
         self.seen: set[tuple[str, int]] = set()  # (epoch, seq) of the events recorded
         self.bound_at: list[float] = []  # wall time of each pod_bound event, in arrival order
@@ -94,7 +94,11 @@ class Recorder:
             self.epochs.append(epoch)
 
     async def on_decision(self, msg) -> None:
-        self.decided.setdefault(m.decode(m.Decision, msg.data).decision_id, time.time())
+        # the decision's own time, not when it is seen here: a decision the killed process made just before the
+        # kill can arrive after it and must not count as "flowing again" (a CI run did: recover 0.0 s, then no
+        # decision in the fault's window while inference restarted)
+        decision = m.decode(m.Decision, msg.data)
+        self.decided.setdefault(decision.decision_id, decision.decided_at)
 
     async def on_event(self, msg) -> None:
         event = m.decode(m.ClusterEvent, msg.data)

@@ -24,7 +24,7 @@ from agmarl_common.runtime.service import ServiceRuntime
 from agmarl_common.core.sim import synthetic
 from agmarl_testing.fixtures import wait_healthy
 from agmarl_testing.processes import ProcessWatch, descendants
-from agmarl_trainer.app import TrainerApp, config_for, verdict_detail
+from agmarl_trainer.app import TrainerApp, config_for, nice_session, session_niceness, verdict_detail
 from agmarl_trainer.settings import TrainerSettings
 
 
@@ -348,7 +348,22 @@ def test_a_run_takes_what_the_services_leave_it_runs_nicer(tmp_path):
     proc.join(120)
     body = json.loads(result.read_text())
     assert body["rc"] == 1 and body["niceness"] == min(19, os.nice(0) + 7)  # 19: the least priority there is
+    # its own session's scheduling group is niced as well: with autogroups a nice value alone only orders the
+    # processes of one session, and the run leads its own
+    assert body["session_niceness"] == (7 if session_niceness() is not None else None)
     assert TrainerSettings().train_nice == 10
+
+
+def test_nice_session_writes_the_autogroup_and_reads_it_back(tmp_path):
+    """The autogroup file takes a nice value (clamped to -20..19) and reads back as "/autogroup-N nice V";
+    without the file (no autogroups) nothing is done and nothing fails."""
+    group = tmp_path / "autogroup"
+    group.write_text("/autogroup-42 nice 0\n")
+    assert nice_session(25, str(group)) and group.read_text() == "19\n"
+    group.write_text("/autogroup-42 nice 10\n")
+    assert session_niceness(str(group)) == 10
+    assert not nice_session(10, str(tmp_path / "missing" / "autogroup"))
+    assert session_niceness(str(tmp_path / "missing")) is None
 
 
 def test_the_service_process_does_not_import_torch():
