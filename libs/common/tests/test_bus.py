@@ -1,6 +1,7 @@
 """Bus against a real nats-server: trace headers, request/reply, JetStream durability and dedup,
 KV and Object Store."""
 import asyncio
+import datetime
 import hashlib
 import time
 import uuid
@@ -101,6 +102,43 @@ async def test_decision_log_survives_nats_restart(tmp_path):
                 await m.ack()
             assert [decode(Decision, m.data).decision_id for m in msgs] == ["d0", "d1", "d2"]
             assert msgs[0].headers["Nats-Msg-Id"] == "d0"
+        finally:
+            await bus.close()
+
+
+async def test_follow_since_reads_on_across_a_nats_restart(tmp_path):
+    """An ordered consumer started by time reads what was stored from then on and, after the nats-server
+    restarts (its ephemeral consumer gone), recreates itself from the next sequence and reads on. With nats-py's
+    own reset it asked for "by start sequence" with the start time still set: the server refused (10094) and the
+    subscription went quiet (the reward-calculator's bind-outcome follower in a full chaos run)."""
+    with NatsServer(store_dir=tmp_path / "store") as server:
+        bus = await Bus.connect(server.url, "test-follow")
+        try:
+            await bus.ensure_stream(subjects.EVENTS)
+            subject = subjects.event("sim")
+
+            async def event(seq: int) -> None:
+                await bus.js_publish(subject, ClusterEvent(cluster="sim", type="pod_bound", seq=seq, epoch="e", time=0.0))
+
+            await event(1)
+            await asyncio.sleep(0.05)  # the stored time of event 1 is before ``since``
+            since = datetime.datetime.now(datetime.timezone.utc)
+            await asyncio.sleep(0.05)
+            await event(2)
+            sub = await bus.follow_since(subject, since)
+            first = decode(ClusterEvent, (await sub.next_msg(timeout=5.0)).data)
+            assert first.seq == 2  # event 1 came before ``since``
+            server.restart()
+            assert await _until(lambda: bus.reconnects >= 1 and bus.is_connected, timeout=10.0)
+            await event(3)
+            seen = []
+            deadline = time.monotonic() + 60.0  # the consumer notices its lost heartbeats (every 5 s) first
+            while not seen and time.monotonic() < deadline:
+                try:
+                    seen.append(decode(ClusterEvent, (await sub.next_msg(timeout=1.0)).data).seq)
+                except asyncio.TimeoutError:
+                    continue
+            assert seen == [3]
         finally:
             await bus.close()
 

@@ -37,7 +37,6 @@ import time
 from collections import OrderedDict, deque
 from typing import Any
 
-from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from prometheus_client import Counter, Gauge
@@ -214,9 +213,7 @@ class RewardApp:
             sub = None
             try:
                 await self.rt.bus.ensure_stream(subjects.EVENTS)
-                sub = await self.rt.bus.js.subscribe(
-                    subjects.event(self.settings.cluster), ordered_consumer=True,
-                    config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=since))
+                sub = await self.rt.bus.follow_since(subjects.event(self.settings.cluster), since)
                 info = await sub.consumer_info()
                 if self.followed is None:
                     self.followed = ("", 0)

@@ -3,6 +3,7 @@ durable consumers, KV and Object Store helpers. A thin wrapper over nats-py; no 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
@@ -230,6 +231,19 @@ class Bus:
             max_ack_pending=max_ack_pending)
         return await self.js.subscribe(subject, queue=queue, durable=durable, stream=stream, cb=cb,
                                        manual_ack=True, config=config)
+
+    async def follow_since(self, subject: str, since: datetime.datetime) -> JetStreamContext.PushSubscription:
+        """An ordered consumer of ``subject``'s stream from the first message stored at or after ``since``
+        (``await sub.next_msg(timeout)``). An ordered consumer recreates itself from the next stream sequence
+        when it misses a message or its heartbeats (a NATS restart); nats-py (2.16) then asks for "by start
+        sequence" but keeps the start time, which the server refuses (error 10094: the consumer is never
+        recreated and the subscription goes quiet, with only the error callback saying so; a full chaos run
+        lost the reward-calculator's bind outcomes that way). nats-py keeps the config given and updates it in
+        place, so the start time is cleared once the consumer exists (as nats.go and nats.net do on a reset)."""
+        config = js_api.ConsumerConfig(deliver_policy=js_api.DeliverPolicy.BY_START_TIME, opt_start_time=since)
+        sub = await self.js.subscribe(subject, ordered_consumer=True, config=config)
+        config.opt_start_time = None
+        return sub
 
     async def pull_subscribe(self, stream: str, subject: str, durable: str, ack_wait: float = 30.0,
                              max_deliver: int = 5) -> JetStreamContext.PullSubscription:
