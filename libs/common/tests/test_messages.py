@@ -1,5 +1,6 @@
 """Wire messages: every kind round-trips; decode rejects oversized, malformed, bad-schema, unknown version."""
 import base64
+import typing
 
 import msgpack
 import numpy as np
@@ -8,7 +9,8 @@ import pytest
 from agmarl_common.runtime.messages import (
     DEAD_LETTER_PAYLOAD_BYTES, MAX_MESSAGE_BYTES, MESSAGES, ClusterEvent, ClusterSnapshot, DeadLetter, Decision,
     DecodeError, Experience, GraphSync, GraphUpdate, HealthStatus, ModelPublished, PendingPod, PolicySelection, Reward,
-    SelectionRefused, TrainRequest, TrainStatus, dead_letter, decode, encode)
+    SelectionRefused, TrainRequest, TrainStatus, _to_plain, dead_letter, decode, encode)
+from pydantic import BaseModel
 
 POD = {"name": "p0", "namespace": "team-a", "cpu_milli": 500, "memory_mib": 256, "gpu_count": 1}
 STATE = {"nodes": [{"name": "n0", "cpu_milli": 4000}], "bound": [[]]}
@@ -60,6 +62,36 @@ def test_numpy_values_encode_as_plain_lists():
                       state={"node_x": np.arange(4, dtype=np.float32).reshape(2, 2)})
     again = decode(GraphUpdate, encode(msg))
     assert again.state["node_x"] == [[0.0, 1.0], [2.0, 3.0]]
+
+
+def _has_model(annotation) -> bool:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return True
+    return any(_has_model(a) for a in typing.get_args(annotation))
+
+
+def test_no_message_has_a_model_typed_field():
+    """``encode`` packs a message's fields as held (no ``model_dump`` copy): right only while no field is typed
+    as a model, which ``model_dump`` would turn into a dict."""
+    assert [f"{cls.KIND}.{name}" for cls in MESSAGES.values() for name, field in cls.model_fields.items()
+            if _has_model(field.annotation)] == []
+
+
+@pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: m.KIND)
+def test_encode_gives_the_bytes_of_model_dump(msg):
+    assert encode(msg) == msgpack.packb(msg.model_dump(mode="python"), use_bin_type=True)
+
+
+def test_values_inside_dict_fields_encode_as_model_dump_gives_them():
+    """numpy arrays and scalars, sets, tuples and a model put inside a dict field: the same bytes as packing
+    ``model_dump``'s output (with the numpy / set hook)."""
+    selection = PolicySelection(policy="fgd", reason="drift", time=1.0)
+    msg = Experience(id="e", cluster="sim", state={"a": np.arange(3), "b": np.float32(0.5), "c": {3, 1},
+                                                   "d": (1, 2), "m": selection},
+                     action={}, reward=0.0, next_state={}, time=0.0)
+    plain = msg.model_dump(mode="python")
+    assert encode(msg) == msgpack.packb(plain, use_bin_type=True, default=_to_plain)
+    assert decode(Experience, encode(msg)).state["m"] == selection.model_dump()
 
 
 def _raw(**fields):
