@@ -375,6 +375,14 @@ async def run(faults: list[Fault], root: Path, nodes: int = 50, stop_seconds: fl
             info = await rc.js.consumer_info(subjects.DECISIONS.name, subjects.durable("reward-calculator", CLUSTER))
             reward_consumer = {"pending": info.num_pending, "ack_pending": info.num_ack_pending,
                                "redelivered": info.num_redelivered}
+            try:  # what it holds and the newest snapshot / bind outcome it has read (its health details)
+                health = (await bus.request(subjects.health("reward-calculator"), m.HealthStatus(
+                    service="agmarl-chaos", status="probe", pid=0, metrics_port=0, details={}), m.HealthStatus,
+                    timeout=5.0)).details
+            except Exception as exc:  # noqa: BLE001 - reported, not fatal
+                health = {"error": f"{type(exc).__name__}: {exc}"}
+            reward_consumer["health"] = health
+            reward_consumer["last_snapshot_seq"] = rec.last_snapshot.seq if rec.last_snapshot else None
         finally:
             await rc.close()
         unrewarded = scrape(system.metrics_urls()["reward-calculator"], "agmarl_decisions_unrewarded_total")

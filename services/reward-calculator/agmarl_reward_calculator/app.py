@@ -497,7 +497,8 @@ async def main() -> int:
     rt.on_stop(app.flush)
     rt.health_details = lambda: {"snapshot_epoch": app.last_epoch, "snapshot_seq": app.last_seq,
                                  "held": len(app.waiting), "outcomes_read": app.recalled.is_set(),
-                                 "outcomes_seen": app.outcomes_seen}
+                                 "outcomes_seen": app.outcomes_seen,
+                                 "outcomes_followed_seq": app.followed[1] if app.followed else None}
     await rt.start()
     # in the background: SIGTERM is handled (flush) from the moment the service reports healthy
     rt.spawn(rt.bus.ensure_streams(), name="ensure-streams")
