@@ -79,8 +79,7 @@ def run_job(config_path: str, incumbent: dict, experience_path: str, out_dir: st
     die_with_parent()  # a trainer killed outright takes its run (and, below, the run's workers) with it
     os.setsid()
     if niceness > 0:
-        os.nice(niceness)
-        nice_session(niceness)
+        nice_session(os.nice(niceness))  # the session's group as nice as the run itself now is
     try:
         body = run_finetune(config_path, Incumbent(**incumbent), experience_path, out_dir, runs_dir, force=force,
                             objective=objective, scheme=scheme)
@@ -92,7 +91,7 @@ def run_job(config_path: str, incumbent: dict, experience_path: str, out_dir: st
 
 
 def nice_session(niceness: int, path: str = AUTOGROUP) -> bool:
-    """Lower this session's autogroup by ``niceness`` too (True when done). Where the kernel groups processes
+    """Set this session's autogroup nice value to ``niceness`` (True when done). Where the kernel groups processes
     by session (``sched_autogroup_enabled``, the default on desktop and VM kernels), a process's nice value
     only orders it among its own session: the run's new session (``setsid``) would take as much CPU as each
     service's session, whatever its nice value (a full chaos run on 2 cores: the run's 2 rollout workers at

@@ -350,7 +350,8 @@ def test_a_run_takes_what_the_services_leave_it_runs_nicer(tmp_path):
     assert body["rc"] == 1 and body["niceness"] == min(19, os.nice(0) + 7)  # 19: the least priority there is
     # its own session's scheduling group is niced as well: with autogroups a nice value alone only orders the
     # processes of one session, and the run leads its own
-    assert body["session_niceness"] == (7 if session_niceness() is not None else None)
+    writable = os.access("/proc/self/autogroup", os.W_OK)  # no autogroups (or not ours to set): nothing to check
+    assert body["session_niceness"] == (body["niceness"] if writable else session_niceness())
     assert TrainerSettings().train_nice == 10
 
 
