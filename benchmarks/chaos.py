@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from agmarl_cli.keys import local_model_keys
-from agmarl_cli.monitor import check_health
+from agmarl_cli.monitor import check_health, probe_health
 from agmarl_cli.supervisor import NATS, SERVICES, System
 from agmarl_common.runtime import messages as m
 from agmarl_common.runtime import permissions, subjects
@@ -376,9 +376,7 @@ async def run(faults: list[Fault], root: Path, nodes: int = 50, stop_seconds: fl
             reward_consumer = {"pending": info.num_pending, "ack_pending": info.num_ack_pending,
                                "redelivered": info.num_redelivered}
             try:  # what it holds and the newest snapshot / bind outcome it has read (its health details)
-                health = (await bus.request(subjects.health("reward-calculator"), m.HealthStatus(
-                    service="agmarl-chaos", status="probe", pid=0, metrics_port=0, details={}), m.HealthStatus,
-                    timeout=5.0)).details
+                health = (await probe_health(bus, "reward-calculator", timeout=5.0)).details
             except Exception as exc:  # noqa: BLE001 - reported, not fatal
                 health = {"error": f"{type(exc).__name__}: {exc}"}
             reward_consumer["health"] = health

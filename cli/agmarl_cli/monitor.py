@@ -180,15 +180,18 @@ def latency_split(measured: list[tuple[str, float, float]], spans: list[dict]) -
     return {"queue_ms": percentiles(queue), "decide_ms": percentiles(decide), "split_count": len(queue)}
 
 
+async def probe_health(bus: Bus, service: str, timeout: float = 2.0) -> m.HealthStatus:
+    """``service``'s answer to a health probe (its status and details); raises when it does not answer."""
+    return await bus.request(subjects.health(service), m.HealthStatus(
+        service="agmarl-cli", status="probe", pid=0, metrics_port=0, details={}), m.HealthStatus, timeout=timeout)
+
+
 async def check_health(bus: Bus, services: tuple[str, ...], timeout: float = 2.0) -> dict[str, str]:
     """service -> "healthy" or the reason it is not (no answer, or what it reported)."""
     out: dict[str, str] = {}
     for service in services:
         try:
-            status = await bus.request(subjects.health(service), m.HealthStatus(
-                service="agmarl-cli", status="probe", pid=0, metrics_port=0, details={}), m.HealthStatus,
-                timeout=timeout)
-            out[service] = status.status
+            out[service] = (await probe_health(bus, service, timeout)).status
         except Exception as exc:  # noqa: BLE001 - any failure to answer is the reason
             out[service] = f"no answer to health probe: {type(exc).__name__}"
     return out
