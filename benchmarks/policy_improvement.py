@@ -57,15 +57,21 @@ def reused(path: str, policies: list[str]) -> dict[tuple[str, str, int], float]:
             if p in policies for s, a in per.items()}
 
 
+def nested(alloc: dict[tuple[str, str, int], float], keys) -> dict:
+    """{list: {policy: {seed: a}}} of ``alloc`` at ``keys`` ((list, policy, seed), in the order given): what
+    ``--json`` writes and ``--reuse`` reads."""
+    out: dict = {}
+    for w, p, s in keys:
+        out.setdefault(w, {}).setdefault(p, {})[s] = alloc[(w, p, s)]
+    return out
+
+
 def save_runs(path: str, alloc: dict[tuple[str, str, int], float]) -> None:
     """The runs so far as ``--reuse`` reads them ({"alloc": {list: {policy: {seed: a}}}}), written whole and then
     renamed over ``path``, so that a stop leaves the last complete file."""
-    runs: dict = {}
-    for (w, p, s), a in alloc.items():
-        runs.setdefault(w, {}).setdefault(p, {})[str(s)] = a
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
-        json.dump({"alloc": runs}, f)
+        json.dump({"alloc": nested(alloc, alloc)}, f)
     os.replace(tmp, path)
 
 
@@ -116,7 +122,7 @@ def main() -> int:
                 save_runs(args.json, alloc)
     elapsed = time.monotonic() - t0
     summary = {"seeds": seeds, "target": TARGET, "workloads": workloads,
-               "alloc": {w: {p: {s: alloc[(w, p, s)] for s in seeds} for p in policies} for w in workloads},
+               "alloc": nested(alloc, [(w, p, s) for w in workloads for p in policies for s in seeds]),
                "mean": {}, "paired": {}}
     for w in workloads:
         print(f"openb inflation · {w} pods · 1,523 nodes · GPU allocation % at 100 % arrived · seeds {args.seeds} "
