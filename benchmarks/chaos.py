@@ -339,6 +339,9 @@ async def run(faults: list[Fault], root: Path, nodes: int = 50, stop_seconds: fl
         await bus.subscribe(subjects.event(CLUSTER), rec.on_event)
         await bus.subscribe(subjects.snapshot(CLUSTER), rec.on_snapshot)
         await bus.subscribe(subjects.train_status(), rec.on_train_status)
+        # supervised from the start, as `agmarl up` does: a service that dies starting (its metrics port taken
+        # meanwhile: a CI run) is restarted, not left unhealthy
+        supervisor = asyncio.get_running_loop().create_task(supervise(system, stop, lines))
         status = await wait_all_healthy(bus, 120.0)
         if any(v != "healthy" for v in status.values()):
             raise RuntimeError(f"not healthy: {status}; logs in {system.log_dir}")
@@ -347,7 +350,6 @@ async def run(faults: list[Fault], root: Path, nodes: int = 50, stop_seconds: fl
             seed_file=str(system.creds.seed("trainer")), identity="trainer"))
         follower = asyncio.get_running_loop().create_task(
             experiences.follow(reader, subjects.experience(CLUSTER), following))
-        supervisor = asyncio.get_running_loop().create_task(supervise(system, stop, lines))
         if await rec.flowing_after(time.time(), recover_timeout) is None:
             raise RuntimeError(f"no decisions flowing before the first fault; logs in {system.log_dir}")
         for fault in faults:

@@ -2,7 +2,7 @@
 six services as separate processes. Every process is ours, tracked by PID and stopped by PID.
 
 ``System.supervise()`` restarts what died: a service with the same environment (credentials, metrics and
-extender ports), the embedded nats-server on the same port, store and configuration (the services'
+extender ports; a metrics port taken meanwhile is replaced by a free one), the embedded nats-server on the same port, store and configuration (the services'
 connections reconnect by themselves), each after an exponential backoff (``restart_delay``) that starts
 over once the process has stayed up ``STABLE_AFTER_S``. Every exit and restart is counted (``report()``).
 """
@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from agmarl_common.runtime import permissions
 from agmarl_common.runtime.natsauth import Credentials, NatsAuth, ensure_credentials, seed_path
-from agmarl_common.runtime.natsserver import NatsServer, free_port
+from agmarl_common.runtime.natsserver import NatsServer, free_port, port_free
 
 SERVICES = ("state-collector", "graph-builder", "inference", "reward-calculator", "adaptive-engine", "trainer")
 NATS = "nats-server"  # the embedded server's name in restart reports
@@ -188,6 +188,9 @@ class System:
                 events.append(Event(name, "exited",
                                     f"exited {proc.returncode}; restart {sup.restarts + 1} in {delay:.1f}s"))
             elif sup.due is not None and now >= sup.due:
+                if name in self.metrics_ports and not port_free(self.metrics_ports[name]):
+                    # taken meanwhile (its start may have died of it): a new one, in run.json and endpoints()
+                    self.metrics_ports[name] = free_port()
                 pid = self.start_service(name).pid
                 events.append(Event(name, "restarted", f"restarted (restart {sup.restarted(now)}, pid {pid})"))
         if any(event.kind == "restarted" for event in events):

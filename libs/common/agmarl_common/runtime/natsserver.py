@@ -49,6 +49,19 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server could listen on ``port`` now (bound as the services' HTTP servers bind: SO_REUSEADDR).
+    A port chosen by ``free_port`` can be taken before its server starts (another process's listener, or a
+    connection's local port in the same ephemeral range)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def _server_info(host: str, port: int, timeout: float) -> dict | None:
     """The INFO line a NATS server sends on connect, or None when nothing answers yet."""
     try:
