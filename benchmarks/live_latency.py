@@ -7,7 +7,10 @@ order, ``--rate`` pods per second, announced one at a time on a 10 ms tick), gra
 as processes, the policy pinned. The benchmark reads the DECISIONS stream with an ordered push consumer:
 latency = arrival on the stream consumer - the PendingPod's ``seen_at`` (set when the collector
 publishes it), so it includes inference's decision, the JetStream publish and its acknowledgement, and
-the delivery back. Prints p50 / p90 / p99 / max over the measured decisions (after ``--warmup``),
+the delivery back; and ``stored on DECISIONS``: the time the stream stored each decision (JetStream's own
+timestamp, taken right before its PubAck, read from the ack subject the consumer receives it with) - the
+``seen_at``, i.e. until the decision is acknowledged on the stream, without the delivery to this benchmark's
+process. Prints p50 / p90 / p99 / max over the measured decisions (after ``--warmup``),
 inference's own share (``decided_at - seen_at``), the inference process's CPU time per measured decision
 (user + system, from /proc: the figure that moves least with other jobs on a shared machine; of it, its
 event-loop thread's, the rest being the span exporter's and the metrics server's threads), the CPU per
@@ -115,6 +118,7 @@ async def run(args: argparse.Namespace) -> dict:
             await wait_healthy(bus, s, timeout=120)
         await bus.ensure_streams()
         got: list[tuple[float, m.Decision]] = []
+        stored: list[float] = []  # when DECISIONS stored each decision (its PubAck follows), as got
         done = asyncio.Event()
         cpu = {}  # inference's CPU seconds when the measured decisions start and end
         profiler: list[subprocess.Popen] = []
@@ -135,6 +139,7 @@ async def run(args: argparse.Namespace) -> dict:
         async def on_decision(msg) -> None:
             at = time.time()
             got.append((at, m.decode(m.Decision, msg.data)))
+            stored.append(stored_at(msg.reply))
             if len(got) == args.warmup:
                 pid = procs["inference"].pid
                 cpu["start"], cpu["loop_start"] = cpu_seconds(pid), cpu_seconds(pid, pid)
@@ -164,6 +169,7 @@ async def run(args: argparse.Namespace) -> dict:
         arrivals.extend((at, d.trace_id, d.seen_at) for at, d in measured)
         e2e = [1000 * (at - d.seen_at) for at, d in measured]
         own = [1000 * (d.decided_at - d.seen_at) for _, d in measured]
+        kept = [1000 * (t - d.seen_at) for t, (_, d) in zip(stored[args.warmup:args.warmup + args.pods], measured)]
         span = (measured[-1][0] - measured[0][0]) if len(measured) > 1 else float("nan")
         out = {"nodes": args.nodes, "rate": args.rate, "policy": args.policy, "objective": args.objective,
                "explanations": args.explain, "sync": args.sync or "default",
@@ -171,6 +177,7 @@ async def run(args: argparse.Namespace) -> dict:
                "scheduled": sum(1 for _, d in measured if d.node),
                "latency_ms": {"p50": pct(e2e, 50), "p90": pct(e2e, 90), "p99": pct(e2e, 99), "max": max(e2e or [0])},
                "inference_ms": {"p50": pct(own, 50), "p99": pct(own, 99)},
+               "stored_ms": {"p50": pct(kept, 50), "p90": pct(kept, 90), "p99": pct(kept, 99), "max": max(kept or [0])},
                "inference_cpu_ms_per_decision": 1000 * (cpu["end"] - cpu["start"]) / len(measured)
                if "end" in cpu and "start" in cpu and measured else float("nan"),
                "inference_loop_cpu_ms_per_decision": 1000 * (cpu["loop_end"] - cpu["loop_start"]) / len(measured)
@@ -207,6 +214,18 @@ async def run(args: argparse.Namespace) -> dict:
             shutil.rmtree(work, ignore_errors=True)
 
 
+def stored_at(reply: str) -> float:
+    """When the stream stored a message (its PubAck is sent right after), from the JetStream ack subject a
+    consumer receives it with: ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ns>.<pending>``
+    (or the v2 form with domain and account hash, the timestamp second to last but one). NaN without one."""
+    tokens = (reply or "").split(".")
+    if len(tokens) == 9 and tokens[:2] == ["$JS", "ACK"]:
+        return int(tokens[7]) / 1e9
+    if len(tokens) >= 12 and tokens[:2] == ["$JS", "ACK"]:
+        return int(tokens[-3]) / 1e9
+    return float("nan")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", default="openb:all")
@@ -233,12 +252,13 @@ def main() -> int:
                          "slowest 1 %% of decisions spent their time to this JSON file")
     args = ap.parse_args()
     out = asyncio.run(run(args))
-    lat, own = out["latency_ms"], out["inference_ms"]
+    lat, own, kept = out["latency_ms"], out["inference_ms"], out["stored_ms"]
     print(f"live decision latency, {out['nodes']} nodes, {args.rate:.0f} pods/s, {out['policy']} "
           f"({out['objective']}, explanations {'on' if args.explain else 'off'}, nats-server sync "
           f"{args.sync or 'default'}): {out['decisions']} decisions at {out['achieved_rate']:.1f}/s: "
           f"p50 {lat['p50']:.2f} ms, p90 {lat['p90']:.2f} ms, p99 {lat['p99']:.2f} ms, max {lat['max']:.1f} ms "
-          f"(inference's own: p50 {own['p50']:.2f}, p99 {own['p99']:.2f} ms); inference CPU "
+          f"(inference's own: p50 {own['p50']:.2f}, p99 {own['p99']:.2f} ms; stored on DECISIONS: p50 "
+          f"{kept['p50']:.2f}, p90 {kept['p90']:.2f}, p99 {kept['p99']:.2f} ms); inference CPU "
           f"{out['inference_cpu_ms_per_decision']:.2f} ms per decision (event-loop thread "
           f"{out['inference_loop_cpu_ms_per_decision']:.2f}; the others: "
           + ", ".join(f"{s} {v:.2f}" for s, v in out["others_cpu_ms_per_decision"].items())

@@ -33,7 +33,7 @@ from agmarl_common.serving import modelstore
 from agmarl_common.serving.actor_head import DecomposedActor
 from agmarl_common.core.cluster.model import ClusterState, Pod
 from agmarl_common.core.features import (EDGE_FEATURES, NODE_FEATURES, POD_FEATURES, FeatureContext, HeteroGraph, build_graph,
-                                    changed_rows, check_objective, device_for, identical_pods)
+                                    changed_rows, check_objective, device_for, identical_pods, objective_state)
 from agmarl_common.core.policies.base import PolicyBase
 from agmarl_common.core.policies.registry import MODEL_PREFIX  # noqa: F401  (re-exported)
 from agmarl_common.core.reward import SCHEMES
@@ -344,6 +344,7 @@ class OnnxModelPolicy(PolicyBase):
             emb = cache(node_x, self._context.nn_edges(state))
             if self.head is not None:
                 self.head.nodes.update(emb, node_x, (id(cache), cache.version), cache.dirty)
+            objective_state(state, self._context.objective)  # the reward_gain column's per-state terms
 
     # --- the Policy protocol ---------------------------------------------------------------------
 

@@ -145,6 +145,23 @@ def test_balance_score(fractions, present, expected):
     assert balance_score(np.array(fractions), np.array(present)).tolist() == expected
 
 
+def test_balance_score_two_present_resources_equal_the_general_form():
+    """Two resources present everywhere take a shorter path: the same integers as the general form (the
+    spread of the present values), for one pod and many, with ties, caps at 1 and tiny differences."""
+    rng = np.random.default_rng(7)
+    f = np.minimum(rng.integers(0, 4000, size=(3, 2, 500)) / rng.integers(1, 4000, size=(3, 2, 500)), 1.0)
+    f[0, 1, :50] = f[0, 0, :50]  # ties
+    f[1, 1, :50] = np.nextafter(f[1, 0, :50], 2.0)
+    every = np.ones(f.shape, bool)
+    almost = every.copy()
+    almost[..., 0] = False  # one node without a resource: the general form for all of them
+    general = balance_score(f, almost)
+    assert (balance_score(f, every)[..., 1:] == general[..., 1:]).all()
+    assert (balance_score(f[0], every[0])[1:] == general[0, 1:]).all()
+    spread = f.max(axis=-2) - f.min(axis=-2)
+    assert (balance_score(f, every) == np.trunc((1.0 - np.abs(spread) / 2) * 100).astype(np.int64)).all()
+
+
 @pytest.mark.parametrize("bound, incoming, expected", [
     # node 1000m / 1000Mi; (bound cpu, mem), (incoming cpu, mem) -> 50 + (50 + with - without) // 2
     ((0, 0), (500, 500), 75),  # balanced before and after: no change

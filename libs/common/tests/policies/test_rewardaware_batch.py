@@ -11,8 +11,10 @@ import pytest
 
 from agmarl_common.core.cluster.filters import feasible_nodes
 from agmarl_common.core.cluster.model import ClusterState
+from agmarl_common.core.cluster.state import bind
 from agmarl_common.core.policies.registry import get_policy
 from agmarl_common.core.policies.rewardaware import RewardAwarePolicy
+from agmarl_common.core.scoring import rewardaware as ra
 from agmarl_common.core.scoring.rewardaware import (
     GAINS,
     RewardAwareConfig,
@@ -116,3 +118,27 @@ def test_score_reward_aware_batch_is_bit_equal_to_score_reward_aware(busy_state)
         config = RewardAwareConfig(scheme=scheme)
         for p, c, b in zip(pods, cands, score_reward_aware_batch(pods, cluster, cands, config)):
             assert b.tobytes() == score_reward_aware(p, cluster, c, config).tobytes()
+
+
+def test_state_terms_are_computed_once_per_state_and_never_reused_for_another(busy_state):
+    """``state_terms`` (what the gains read of the state alone) is memoised per state object, as the live loop
+    computes it between pods: the gains are the same with the terms ready or computed inside, and a new state
+    (a pod bound) gets its own terms, not the last state's."""
+    cluster, pods = busy_state
+    pod = next(p for p in pods if p.qos == "LS")
+    cands = feasible_nodes(pod, cluster)
+    ra._TERMS = None
+    fresh = score_reward_aware(pod, cluster, cands)
+    terms = ra.state_terms(cluster)
+    assert ra.state_terms(cluster) is terms  # once per state object
+    assert np.array_equal(score_reward_aware(pod, cluster, cands), fresh)
+    hot = int(np.argmax(terms.pressure * np.isin(np.arange(cluster.n_nodes), cands)))
+    after = bind(cluster, replace(pod, name="heavy", cpu_milli=int(cluster.cpu_cap[hot])), hot)
+    moved = ra.state_terms(after)
+    assert moved is not terms and moved.pressure[hot] > terms.pressure[hot] and moved.util[hot] > terms.util[hot]
+    with_moved = score_reward_aware(pod, after, cands)
+    ra._TERMS = (after, terms)  # the previous state's terms under the new state: the scores read the memo
+    stale = score_reward_aware(pod, after, cands)
+    ra._TERMS = None
+    assert np.array_equal(score_reward_aware(pod, after, cands), with_moved)
+    assert not np.array_equal(stale, with_moved)

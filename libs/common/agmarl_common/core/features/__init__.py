@@ -43,7 +43,7 @@ from agmarl_common.core.features.edges import POD_HALF, RACK_HALF, ZONE_HALF, no
 from agmarl_common.core.features.nodes import node_feature_rows, node_order_keys  # noqa: F401  (re-exported)
 from agmarl_common.core.features.pairs import (  # noqa: F401  (pair inputs: re-exported, part of this module's API)
     CPU_SCALE, EDGE_FEATURES, F_EDGE, FRAG_SCALE, GPU_SCALE, MEM_SCALE, OBJECTIVES, check_objective, current_memos,
-    gpu_left, objective_gains, placement_frag, placement_frag_many, shape_jobs)
+    gpu_left, objective_gains, objective_state, placement_frag, placement_frag_many, shape_jobs)
 from agmarl_common.core.sim.fragmentation import TargetWorkload, pod_shape, target_workload
 
 ROW_MEMOS = 64  # (pod shape, cpu) entries ``FeatureContext.pair_rows`` keeps (each (n, F_EDGE) float32); then anew

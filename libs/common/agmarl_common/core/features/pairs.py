@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from agmarl_common.core.cluster.model import GPU_MILLI, MAX_GPUS, ClusterState, Pod
-from agmarl_common.core.scoring.rewardaware import RewardAwareConfig, score_reward_aware_batch
+from agmarl_common.core.scoring.rewardaware import RewardAwareConfig, score_reward_aware_batch, state_terms
 from agmarl_common.core.sim.fragmentation import TargetWorkload, node_frag_amount, pod_shape
 
 EDGE_FEATURES = ("cpu_left", "mem_left", "gpu_left", "gpu_left_frac", "frag_delta", "fgd_score", "frag_after",
@@ -191,6 +191,13 @@ def current_memos(memo: dict, jobs: list[tuple[tuple, np.ndarray]], state: Clust
 def _config(scheme: str) -> RewardAwareConfig:
     """The reward-aware expert's default configuration under ``scheme`` (frozen: built once per scheme)."""
     return RewardAwareConfig(scheme=scheme)
+
+
+def objective_state(state: ClusterState, objective: str) -> None:
+    """Compute ahead what ``objective_gains`` reads of ``state`` alone (``rewardaware.state_terms``), e.g. between
+    pods in the live loop; nothing under ``allocation``. The gains are the same with or without it."""
+    if objective == "composite":
+        state_terms(state)
 
 
 def objective_gains(pods: Sequence[Pod], state: ClusterState, candidates: Sequence[np.ndarray], objective: str,

@@ -34,7 +34,8 @@ One implementation computes the balance, utilisation, ls_ok and io_locality gain
 for many pods against one state at once (``score_*_gain`` and ``reward_gains`` are it for a batch of one).
 The per-state terms (per-node utilisation, the balance sums, cpu pressure, LS pods per node, IO-heavy count,
 local-SSD nodes) are computed once per batch and the gains vectorised over every (pod, candidate) pair,
-pod-major. ``net_locality`` walks the bound pods of the pod's service, so it stays per pod
+pod-major; the first four once per state object (``state_terms``, a memo of the last state: the live loop
+computes them between pods, so that a decision only reads them). ``net_locality`` walks the bound pods of the pod's service, so it stays per pod
 (``score_net_gain``), for pods with a service only.
 """
 
@@ -167,10 +168,50 @@ def score_net_gain(pod: Pod, state: ClusterState, candidates: np.ndarray) -> np.
 # The gains of many pods against one state at once
 
 
+@dataclass(frozen=True)
+class StateTerms:
+    """What the gains read of the state alone, whatever the pod: the per-node utilisation and the balance sums
+    over schedulable nodes, the cpu pressure, and the LS pods per node (``state_terms``)."""
+
+    util: np.ndarray  # (n,) node_mean_utilisation
+    n_up: int  # schedulable nodes
+    util_sum: float  # sum of util over schedulable nodes
+    util_sq: float  # sum of util ** 2 over them
+    pressure: np.ndarray  # (n,) node_cpu_pressure
+    ls_nodes: np.ndarray  # (n,) float LS pods per node
+    ls_total: float
+    ls_hot: float  # LS pods on nodes hotter than HOT_NODE_THRESHOLD
+
+
+_TERMS: tuple[ClusterState, StateTerms] | None = None  # the last state's terms (states are immutable)
+
+
+def state_terms(state: ClusterState) -> StateTerms:
+    """The ``StateTerms`` of ``state``, computed once per state object: the live loop computes them between
+    pods (the learned policy's ``prepare``), so that a decision on that state only reads them. Memo of derived
+    data, like ``pod_index``: the same values as computing them again."""
+    global _TERMS
+    memo = _TERMS
+    if memo is not None and memo[0] is state:
+        return memo[1]
+    u_all = node_mean_utilisation(state)
+    up = state.schedulable
+    n_up = int(up.sum())
+    s, q = (float(u_all[up].sum()), float((u_all[up] ** 2).sum())) if n_up else (0.0, 0.0)
+    pressure = node_cpu_pressure(state)
+    ls_nodes = pod_index(state).ls.astype(np.float64)
+    terms = StateTerms(util=u_all, n_up=n_up, util_sum=s, util_sq=q, pressure=pressure, ls_nodes=ls_nodes,
+                       ls_total=float(ls_nodes.sum()), ls_hot=float(ls_nodes[pressure > HOT_NODE_THRESHOLD].sum()))
+    _TERMS = (state, terms)
+    return terms
+
+
 def pairs(candidates: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(sizes (P,), node index per pair (E,), pod position per pair (E,)), pod-major."""
     cands = [np.asarray(c, dtype=np.int64) for c in candidates]
     sizes = np.array([c.size for c in cands], dtype=np.int64)
+    if len(cands) == 1:  # one pod (the live loop): the same arrays without a concatenation and a repeat
+        return sizes, cands[0], np.zeros(cands[0].size, dtype=np.int64)
     idx = np.concatenate(cands) if cands else np.zeros(0, np.int64)
     return sizes, idx, np.repeat(np.arange(len(cands)), sizes)
 
@@ -201,13 +242,13 @@ def _gains_of_pairs(pods: Sequence[Pod], state: ClusterState, sizes: np.ndarray,
     mem = per_pair([p.memory_mib for p in pods], np.float64)
     cpu_cap = np.maximum(state.cpu_cap[idx], 1)
     d = (cpu / cpu_cap + mem / np.maximum(state.mem_cap[idx], 1)) / 2.0  # pod_utilisation_delta
-    u_all = node_mean_utilisation(state)
-    u = u_all[idx]
+    terms = state_terms(state)
+    u = terms.util[idx]
     # balance (score_balance_gain)
     up = state.schedulable
-    n_up = int(up.sum())
+    n_up = terms.n_up
     if n_up:
-        s, q = float(u_all[up].sum()), float((u_all[up] ** 2).sum())
+        s, q = terms.util_sum, terms.util_sq
         std0 = np.sqrt(max(q / n_up - (s / n_up) ** 2, 0.0))
         du = np.where(up[idx], d, 0.0)
         q1 = q + 2.0 * u * du + du ** 2
@@ -224,7 +265,7 @@ def _gains_of_pairs(pods: Sequence[Pod], state: ClusterState, sizes: np.ndarray,
     # ls_ok (score_ls_gain): zero for a pod with no crossing candidate and no own hot placement
     ls_flags = [p.qos == LS_QOS for p in pods]
     is_ls = per_pair(ls_flags, bool)
-    pressure = node_cpu_pressure(state)
+    pressure = terms.pressure
     pressure_c = pressure[idx]
     after = pressure_c + cpu / cpu_cap
     crossing = (pressure_c <= threshold) & (after > threshold)
@@ -232,10 +273,10 @@ def _gains_of_pairs(pods: Sequence[Pod], state: ClusterState, sizes: np.ndarray,
     ls_ok = zeros
     if crossing.any() or own.any():
         moved = np.bincount(pod_of, weights=(crossing | (own > 0)).astype(np.float64), minlength=len(pods)) > 0
-        ls_nodes = pod_index(state).ls.astype(np.float64)
-        total0 = float(ls_nodes.sum())
+        ls_nodes = terms.ls_nodes
+        total0 = terms.ls_total
         total1 = total0 + is_ls
-        bad0 = float(ls_nodes[pressure > threshold].sum())
+        bad0 = terms.ls_hot if threshold == HOT_NODE_THRESHOLD else float(ls_nodes[pressure > threshold].sum())
         before = 1.0 - bad0 / total0 if total0 else 1.0
         safe = np.where(total1 > 0, total1, 1.0)
         gain = 1.0 - (bad0 + np.where(crossing, ls_nodes[idx], 0.0) + own) / safe - before
@@ -249,9 +290,10 @@ def _gains_of_pairs(pods: Sequence[Pod], state: ClusterState, sizes: np.ndarray,
         io_locality = np.where(io, ssd[idx], 0.0) / (_label_count(state, IO_HEAVY_LABEL) + 1)
     # net_locality (score_net_gain), per pod with a service
     net = np.zeros(e)
-    starts = np.concatenate([[0], np.cumsum(sizes)])
+    starts = None
     for k, pod in enumerate(pods):
         if pod.service and sizes[k]:
+            starts = np.concatenate([[0], np.cumsum(sizes)]) if starts is None else starts
             net[starts[k]:starts[k + 1]] = score_net_gain(pod, state, idx[starts[k]:starts[k + 1]])
     return {"balance": balance, "utilisation": utilisation, "ls_ok": ls_ok, "io_locality": io_locality,
             "net_locality": net}
@@ -315,7 +357,7 @@ def combine_gains(gains: Mapping[str, np.ndarray], state: ClusterState, config: 
     schedulable nodes."""
     scheme = _scheme(config.scheme)
     weights = _FIXED_WEIGHTS if scheme.name == "fixed" else scheme_gain_weights(scheme, cluster_load(state))
-    n = max(int(state.schedulable.sum()), 1)
+    n = max(state_terms(state).n_up, 1)
     return sum(weights[k] * config.factors.get(k, 1.0) * g for k, g in gains.items()) * n
 
 
@@ -341,7 +383,7 @@ def score_reward_aware_batch(pods: Sequence[Pod], state: ClusterState, candidate
         return [np.zeros(int(k)) for k in sizes]
     gains = _gains_of_pairs(pods, state, sizes, idx, pod_of, config.threshold)
     total = np.asarray(combine_gains(gains, state, config), dtype=np.float64)
-    out = np.split(total, np.cumsum(sizes)[:-1])
+    out = [total] if len(sizes) == 1 else np.split(total, np.cumsum(sizes)[:-1])
     if config.preference_weight > 0:
         out = [t + config.preference_weight * score_preferences(p, state, c) / MAX_NODE_SCORE if len(c) else t
                for p, c, t in zip(pods, candidates, out)]
