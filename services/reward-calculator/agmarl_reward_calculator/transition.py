@@ -49,6 +49,7 @@ class SnapshotView:
         self._nodes: dict[str, int] = {}  # bound pod key -> node index
         self._names: list[str] | None = None
         self._compact: dict[str, Any] | None = None
+        self._packed: m.Packed | None = None
         self._state: ClusterState | None = None
         self._base: PlacementBase | None = None
 
@@ -100,6 +101,16 @@ class SnapshotView:
         if self._base is None:
             self._base = placement_base(self.cluster_state())
         return self._base
+
+    def packed(self) -> m.Packed:
+        """The wire encoding of its compact state's parts shared by every transition decided on it (nodes, pod
+        templates, bound pods: only the pending list differs), packed once (``messages.encode_reusing``)."""
+        if self._packed is None:
+            if self._compact is None:
+                self._compact = compact_dict(self.msg.state, self.msg.pending)
+            c = self._compact
+            self._packed = m.Packed(c[k] for k in ("nodes", "templates", "bound") if k in c)
+        return self._packed
 
     def compact_without(self, key: str) -> dict[str, Any]:
         """The compact state of this snapshot with pod ``key`` left out (as it was before being placed)."""
@@ -199,7 +210,8 @@ def encoded_experience(d: m.Decision, before: SnapshotView | None, after: Snapsh
         state["missing"] = missing
     exp = m.Experience(id=d.decision_id, cluster=d.cluster, state=state, action=action, reward=reward,
                        next_state=after.reference(), time=after.msg.time, credit=credit or {})
-    data = m.encode(exp)
+    # the same bytes as m.encode(exp); the snapshot's shared parts packed once, not once per transition
+    data = m.encode_reusing(exp, before.packed()) if "cluster" in state else m.encode(exp)
     if "cluster" in state and len(data) > max_bytes:
         state = {k: v for k, v in state.items() if k != "cluster"}
         state["missing"] = missing = "oversized"

@@ -14,7 +14,7 @@ from agmarl_common.core.cluster.filters import feasible_nodes
 from agmarl_common.core.cluster.model import ClusterState, Node, Pod, bind, choose_gpus, pod_from_dict, state_from_dict, \
     state_to_dict, to_dict
 from agmarl_common.core.sim.traces import load_openb_nodes, load_openb_pods
-from agmarl_reward_calculator.transition import SnapshotView, experience, placed_pod
+from agmarl_reward_calculator.transition import SnapshotView, encoded_experience, experience, placed_pod
 
 NODES = (Node("a", 2000, 2048), Node("b", 4000, 4096, gpu_count=1, gpu_model="T4"))
 OLD = Pod("old", 500, 512)
@@ -94,6 +94,20 @@ def test_an_oversized_state_is_left_out():
     exp, missing = experience(decision(), PENDING_BEFORE, BOUND_AFTER, 0.5, max_bytes=size - 1)
     assert missing == "oversized" and "cluster" not in exp.state and exp.action["pod"] == to_dict(NEW)
     assert len(m.encode(exp)) < size - 1
+
+
+def test_transitions_on_one_snapshot_reuse_its_packed_parts_and_give_the_same_bytes():
+    """The snapshot's nodes, templates and bound pods are packed once (``SnapshotView.packed``) and spliced into
+    every transition decided on it: the wire bytes are ``encode``'s, for a pending pod, a pod the snapshot
+    already shows bound (a compact state of its own) and an oversized state."""
+    view = snap(1, ((OLD, 0, ()),), (NEW, Pod("other", 100, 100), Pod("third", 200, 200)))
+    for d, before, limit in ((decision(), view, LIMIT), (decision(Pod("other", 100, 100), "a"), view, LIMIT),
+                             (decision(), BOUND_AFTER, LIMIT), (decision(), view, 300)):
+        exp, missing, data = encoded_experience(d, before, BOUND_AFTER, 0.5, limit)
+        assert data == m.encode(exp) and m.decode(m.Experience, data) == exp
+        assert ("cluster" in exp.state) == (limit == LIMIT) and missing == ("" if limit == LIMIT else "oversized")
+    assert view.packed() is view.packed()
+    assert view.packed().get(view.compact_without(NEW.key)["templates"]) is not None
 
 
 def test_the_compact_state_is_computed_once_per_snapshot():

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import uuid
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Iterable, Literal
 
 import msgpack
 import numpy as np
@@ -243,6 +243,47 @@ def encode(msg: Message) -> bytes:
     they are held: no message has a model-typed field (tested), so ``model_dump`` would only copy them, which
     cost 3.7 ms of a 100 KB experience against 0.8 ms (the reward-calculator's largest CPU item); the same bytes."""
     return msgpack.packb(dict(msg), use_bin_type=True, default=_to_plain)
+
+
+class Packed:
+    """Values whose msgpack encoding is kept, to be spliced into messages that carry them (``encode_reusing``):
+    e.g. the parts of one snapshot's compact cluster that every transition decided on that snapshot holds. It
+    holds the values too, so that an identity found again is the same object."""
+
+    def __init__(self, values: Iterable[Any] = ()):
+        self._known: dict[int, tuple[Any, bytes]] = {}
+        for value in values:
+            self._known[id(value)] = (value, msgpack.packb(value, use_bin_type=True, default=_to_plain))
+
+    def get(self, value: Any) -> bytes | None:
+        entry = self._known.get(id(value))
+        return entry[1] if entry is not None and entry[0] is value else None
+
+
+def encode_reusing(msg: Message, packed: Packed) -> bytes:
+    """``encode(msg)``, the same bytes, with the values of ``packed`` found inside its fields (through dicts, at
+    any depth) spliced in as they were packed instead of packed again: a map's encoding is its header then each
+    key's and value's encoding in order, so the parts can be packed apart. 234 KB of a transition (a compact state
+    with 868 pod templates, the templates 93 % of it) took 1.65 ms to encode; its templates, nodes and bound pods
+    are the same objects in every transition decided on one snapshot."""
+    return _pack_dict(dict(msg), packed)
+
+
+def _pack_dict(d: dict, packed: Packed) -> bytes:
+    parts = [_MAP_HEADER.pack_map_header(len(d))]
+    for key, value in d.items():
+        parts.append(msgpack.packb(key, use_bin_type=True, default=_to_plain))
+        raw = packed.get(value)
+        if raw is not None:
+            parts.append(raw)
+        elif type(value) is dict:
+            parts.append(_pack_dict(value, packed))
+        else:
+            parts.append(msgpack.packb(value, use_bin_type=True, default=_to_plain))
+    return b"".join(parts)
+
+
+_MAP_HEADER = msgpack.Packer(use_bin_type=True)
 
 
 def decode(cls: type[Message], data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
