@@ -102,6 +102,9 @@ class CollectorApp:
             self.foreign_total.inc()
             return
         await self.snapshot_idle.wait()  # its events come after the snapshot being built
+        note = getattr(self.sim, "note_applied", None)
+        if note is not None:  # how far behind the decisions this binder is: re-announcements wait for it
+            note(time.time() - msg.decided_at)
         prior = self.applied.get(msg.decision_id)
         if prior is not None:  # applied already: store its outcome if that failed, never apply it twice
             if not prior[1] and prior[0] is not None:

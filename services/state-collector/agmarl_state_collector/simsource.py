@@ -13,6 +13,9 @@ from agmarl_common.core.cluster.model import Pod
 from agmarl_common.core.sim import dynamic, synthetic
 
 
+MAX_LAG_S = 300.0  # a binder lag counted at most this long (a clock far off must not hold announcements forever)
+
+
 @dataclass
 class Announce:
     """Bookkeeping for a pod that was published as pending."""
@@ -34,6 +37,7 @@ class SimulatedCluster:
     state: dynamic.SimState | None = None
     chunk: int = 0
     announced: dict[str, Announce] = field(default_factory=dict)
+    decision_lag: float = 0.0  # age of the last decision applied (s): how far behind the deciders this binder is
 
     @classmethod
     def create(cls, n_nodes: int, zones: int, workload: str, rate: float | None, seed: int,
@@ -64,13 +68,22 @@ class SimulatedCluster:
                 del self.announced[key]
         return events
 
+    def note_applied(self, age: float) -> None:
+        """A decision ``age`` seconds old (since it was made) reached this binder."""
+        self.decision_lag = min(max(0.0, age), MAX_LAG_S)
+
     def due(self, now: float) -> list[Pod]:
-        """Pending pods that need a (new) decision now."""
+        """Pending pods that need a (new) decision now: new ones, refused or unschedulable ones after their
+        retry time, and ones whose announcement got no decision for ``10 * retry_seconds`` (lost: nobody was
+        listening) plus twice the binder's lag: while decisions queue here, a pod's own may be among them, and
+        announcing it again once the decider's assumption of it expired would have it decided twice, adding to
+        the queue (a binder behind by more than inference's 30 s made every queued pod a second decision)."""
         assert self.state is not None
         out = []
+        stale = 10 * self.retry_seconds + 2 * self.decision_lag
         for pod in self.state.pending_pods():
             a = self.announced.get(pod.key)
-            if a is None or (a.retry_after and now >= a.retry_after) or now - a.at > 10 * self.retry_seconds:
+            if a is None or (a.retry_after and now >= a.retry_after) or now - a.at > stale:
                 self.announced[pod.key] = Announce(at=now, attempts=(a.attempts + 1 if a else 1))
                 out.append(pod)
         return out

@@ -119,3 +119,22 @@ async def test_a_pod_announced_while_a_decision_is_handled_starts_its_own_trace(
     outer_trace = format(outer.get_span_context().trace_id, "032x")
     traces = [p.split("-")[1] for p in parents]
     assert all(traces) and outer_trace not in traces and traces[0] != traces[1]
+
+
+def test_a_pod_is_announced_again_later_while_the_binder_lags():
+    """A pod whose announcement got no decision is announced again after 10 retry periods; while the decisions
+    reaching the binder are old (it lags), twice that lag later, so that a pod whose decision is still queued is
+    not decided a second time; once the binder has caught up, after 10 retry periods again."""
+    sim = SimulatedCluster.create(n_nodes=8, zones=2, workload="diurnal", rate=8.0, seed=5, chunk_seconds=120,
+                                  retry_seconds=2.0)
+    sim.advance(10.0)
+    first = {p.key for p in sim.due(now=0.0)}
+    assert first and not sim.due(now=19.0)
+    assert {p.key for p in sim.due(now=20.5)} >= first  # lost: announced again
+    sim.note_applied(15.0)  # the binder applies decisions made 15 s ago
+    assert not sim.due(now=41.0) and not sim.due(now=70.0)  # 20 s + 2 x 15 s after the last announcement (20.5)
+    assert {p.key for p in sim.due(now=71.0)} >= first
+    sim.note_applied(0.2)  # caught up
+    assert not sim.due(now=91.0) and {p.key for p in sim.due(now=91.5)} >= first
+    sim.note_applied(1e9)  # a clock far off: held at most 2 x MAX_LAG_S more
+    assert not sim.due(now=91.5 + 20 + 599) and {p.key for p in sim.due(now=91.5 + 20 + 600.5)} >= first
