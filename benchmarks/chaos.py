@@ -385,6 +385,17 @@ async def run(faults: list[Fault], root: Path, nodes: int = 50, stop_seconds: fl
             reward_consumer["last_snapshot_seq"] = rec.last_snapshot.seq if rec.last_snapshot else None
         finally:
             await rc.close()
+        # the state-collector's (the binder's): decisions still waiting there are counted as lost above
+        sc = await Bus.connect(system.nats_url, "agmarl-chaos-sc", auth=NatsAuth(
+            seed_file=str(system.creds.seed("state-collector")), identity="state-collector"))
+        try:
+            info = await sc.js.consumer_info(subjects.DECISIONS.name, subjects.durable("state-collector", CLUSTER))
+            binder_consumer = {"pending": info.num_pending, "ack_pending": info.num_ack_pending,
+                               "redelivered": info.num_redelivered}
+        except Exception as exc:  # noqa: BLE001 - reported, not fatal
+            binder_consumer = {"error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            await sc.close()
         unrewarded = scrape(system.metrics_urls()["reward-calculator"], "agmarl_decisions_unrewarded_total")
         published = scrape(system.metrics_urls()["reward-calculator"], "agmarl_experience_published_total")
         recalled = scrape(system.metrics_urls()["reward-calculator"], "agmarl_outcomes_recalled_total")
@@ -405,7 +416,8 @@ async def run(faults: list[Fault], root: Path, nodes: int = 50, stop_seconds: fl
             "epochs": len(rec.epochs), "supervision": system.report(), "supervisor_log": lines,
             "nodes": nodes, "stop_seconds": stop_seconds, "ack_wait": ack_wait, "unrewarded": unrewarded,
             "experience_published": published, "outcomes_recalled": recalled, "experience_stored_at_end": stored,
-            "reward_consumer": reward_consumer, "training": rec.training, "credits": credits}
+            "reward_consumer": reward_consumer, "binder_consumer": binder_consumer, "training": rec.training,
+            "credits": credits}
 
 
 def table(result: dict) -> str:
@@ -455,6 +467,8 @@ def main() -> int:
           f"restarts {json.dumps({k: v['restarts'] for k, v in result['supervision'].items() if v['restarts']})}")
     print(f"reward-calculator's unrewarded decisions (last process): {json.dumps(result['unrewarded'])}; its "
           f"decision consumer at the end: {json.dumps(result['reward_consumer'])}")
+    print(f"the state-collector's decision consumer at the end (what it has not applied yet): "
+          f"{json.dumps(result['binder_consumer'])}")
     print(f"train statuses during the run: {json.dumps(result['training'])}; last reward-calculator's experience "
           f"credits: {json.dumps(result['credits'])}")
     print(f"last reward-calculator: experience by what it lacks {json.dumps(result['experience_published'])}; bind "

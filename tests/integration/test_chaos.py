@@ -32,6 +32,7 @@ async def test_short_chaos_run_keeps_the_invariants(chaos, tmp_path, monkeypatch
     table = chaos.table(result)
     assert result["supervision"]["inference"]["exits"] == ["exited -9"], table
     assert result["supervision"]["reward-calculator"]["exits"] == ["exited -9"], table
+    assert result["binder_consumer"].get("pending") == 0, result["binder_consumer"]  # read, and all applied
     for fault in result["faults"]:
         assert fault["recover_s"] is not None and fault["recover_s"] <= 60.0, table
         counts = fault["counts"]
