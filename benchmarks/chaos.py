@@ -374,9 +374,7 @@ async def run(faults: list[Fault], root: Path, nodes: int = 50, stop_seconds: fl
             await experiences.settled(quiet=10.0, timeout=settle_timeout)
             experience = set(experiences.ids)
             stored = (await reader.js.stream_info(subjects.EXPERIENCE.name)).state.messages
-            info = await rc.js.consumer_info(subjects.DECISIONS.name, subjects.durable("reward-calculator", CLUSTER))
-            reward_consumer = {"pending": info.num_pending, "ack_pending": info.num_ack_pending,
-                               "redelivered": info.num_redelivered}
+            reward_consumer = await decision_consumer(rc, "reward-calculator")
             try:  # what it holds and the newest snapshot / bind outcome it has read (its health details)
                 health = (await probe_health(bus, "reward-calculator", timeout=5.0)).details
             except Exception as exc:  # noqa: BLE001 - reported, not fatal
@@ -389,9 +387,7 @@ async def run(faults: list[Fault], root: Path, nodes: int = 50, stop_seconds: fl
         sc = await Bus.connect(system.nats_url, "agmarl-chaos-sc", auth=NatsAuth(
             seed_file=str(system.creds.seed("state-collector")), identity="state-collector"))
         try:
-            info = await sc.js.consumer_info(subjects.DECISIONS.name, subjects.durable("state-collector", CLUSTER))
-            binder_consumer = {"pending": info.num_pending, "ack_pending": info.num_ack_pending,
-                               "redelivered": info.num_redelivered}
+            binder_consumer = await decision_consumer(sc, "state-collector")
         except Exception as exc:  # noqa: BLE001 - reported, not fatal
             binder_consumer = {"error": f"{type(exc).__name__}: {exc}"}
         finally:
@@ -418,6 +414,12 @@ async def run(faults: list[Fault], root: Path, nodes: int = 50, stop_seconds: fl
             "experience_published": published, "outcomes_recalled": recalled, "experience_stored_at_end": stored,
             "reward_consumer": reward_consumer, "binder_consumer": binder_consumer, "training": rec.training,
             "credits": credits}
+
+
+async def decision_consumer(conn: Bus, service: str) -> dict:
+    """``service``'s durable DECISIONS consumer as ``conn`` (connected as that service) reads it."""
+    info = await conn.js.consumer_info(subjects.DECISIONS.name, subjects.durable(service, CLUSTER))
+    return {"pending": info.num_pending, "ack_pending": info.num_ack_pending, "redelivered": info.num_redelivered}
 
 
 def table(result: dict) -> str:

@@ -46,6 +46,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+from nats.aio.msg import Msg
+from nats.errors import NotJSMessageError
 from nats.js.api import DeliverPolicy
 
 from agmarl_common.runtime import messages as m
@@ -169,7 +171,7 @@ async def run(args: argparse.Namespace) -> dict:
         arrivals.extend((at, d.trace_id, d.seen_at) for at, d in measured)
         e2e = [1000 * (at - d.seen_at) for at, d in measured]
         own = [1000 * (d.decided_at - d.seen_at) for _, d in measured]
-        kept = [1000 * (t - d.seen_at) for t, (_, d) in zip(stored[args.warmup:args.warmup + args.pods], measured)]
+        acked = [1000 * (t - d.seen_at) for t, (_, d) in zip(stored[args.warmup:args.warmup + args.pods], measured)]
         span = (measured[-1][0] - measured[0][0]) if len(measured) > 1 else float("nan")
         out = {"nodes": args.nodes, "rate": args.rate, "policy": args.policy, "objective": args.objective,
                "explanations": args.explain, "sync": args.sync or "default",
@@ -177,7 +179,7 @@ async def run(args: argparse.Namespace) -> dict:
                "scheduled": sum(1 for _, d in measured if d.node),
                "latency_ms": {"p50": pct(e2e, 50), "p90": pct(e2e, 90), "p99": pct(e2e, 99), "max": max(e2e or [0])},
                "inference_ms": {"p50": pct(own, 50), "p99": pct(own, 99)},
-               "stored_ms": {"p50": pct(kept, 50), "p90": pct(kept, 90), "p99": pct(kept, 99), "max": max(kept or [0])},
+               "stored_ms": {"p50": pct(acked, 50), "p90": pct(acked, 90), "p99": pct(acked, 99), "max": max(acked or [0])},
                "inference_cpu_ms_per_decision": 1000 * (cpu["end"] - cpu["start"]) / len(measured)
                if "end" in cpu and "start" in cpu and measured else float("nan"),
                "inference_loop_cpu_ms_per_decision": 1000 * (cpu["loop_end"] - cpu["loop_start"]) / len(measured)
@@ -215,15 +217,13 @@ async def run(args: argparse.Namespace) -> dict:
 
 
 def stored_at(reply: str) -> float:
-    """When the stream stored a message (its PubAck is sent right after), from the JetStream ack subject a
-    consumer receives it with: ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ns>.<pending>``
-    (or the v2 form with domain and account hash, the timestamp second to last but one). NaN without one."""
-    tokens = (reply or "").split(".")
-    if len(tokens) == 9 and tokens[:2] == ["$JS", "ACK"]:
-        return int(tokens[7]) / 1e9
-    if len(tokens) >= 12 and tokens[:2] == ["$JS", "ACK"]:
-        return int(tokens[-3]) / 1e9
-    return float("nan")
+    """When the stream stored a message (its PubAck is sent right after): the timestamp of the JetStream ack
+    subject a consumer receives it with, as nats-py reads it (``Msg.metadata``, both subject forms). NaN without
+    one."""
+    try:
+        return Msg(_client=None, reply=reply or "").metadata.timestamp.timestamp()
+    except NotJSMessageError:
+        return float("nan")
 
 
 def main() -> int:
@@ -252,13 +252,13 @@ def main() -> int:
                          "slowest 1 %% of decisions spent their time to this JSON file")
     args = ap.parse_args()
     out = asyncio.run(run(args))
-    lat, own, kept = out["latency_ms"], out["inference_ms"], out["stored_ms"]
+    lat, own, acked = out["latency_ms"], out["inference_ms"], out["stored_ms"]
     print(f"live decision latency, {out['nodes']} nodes, {args.rate:.0f} pods/s, {out['policy']} "
           f"({out['objective']}, explanations {'on' if args.explain else 'off'}, nats-server sync "
           f"{args.sync or 'default'}): {out['decisions']} decisions at {out['achieved_rate']:.1f}/s: "
           f"p50 {lat['p50']:.2f} ms, p90 {lat['p90']:.2f} ms, p99 {lat['p99']:.2f} ms, max {lat['max']:.1f} ms "
           f"(inference's own: p50 {own['p50']:.2f}, p99 {own['p99']:.2f} ms; stored on DECISIONS: p50 "
-          f"{kept['p50']:.2f}, p90 {kept['p90']:.2f}, p99 {kept['p99']:.2f} ms); inference CPU "
+          f"{acked['p50']:.2f}, p90 {acked['p90']:.2f}, p99 {acked['p99']:.2f} ms); inference CPU "
           f"{out['inference_cpu_ms_per_decision']:.2f} ms per decision (event-loop thread "
           f"{out['inference_loop_cpu_ms_per_decision']:.2f}; the others: "
           + ", ".join(f"{s} {v:.2f}" for s, v in out["others_cpu_ms_per_decision"].items())

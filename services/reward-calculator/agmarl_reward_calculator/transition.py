@@ -106,22 +106,24 @@ class SnapshotView:
         """The wire encoding of its compact state's parts shared by every transition decided on it (nodes, pod
         templates, bound pods: only the pending list differs), packed once (``messages.encode_reusing``)."""
         if self._packed is None:
-            if self._compact is None:
-                self._compact = compact_dict(self.msg.state, self.msg.pending)
-            c = self._compact
+            c = self._compact_state()
             self._packed = m.Packed(c[k] for k in ("nodes", "templates", "bound") if k in c)
         return self._packed
 
-    def compact_without(self, key: str) -> dict[str, Any]:
-        """The compact state of this snapshot with pod ``key`` left out (as it was before being placed)."""
+    def _compact_state(self) -> dict[str, Any]:
         if self._compact is None:
             self._compact = compact_dict(self.msg.state, self.msg.pending)
+        return self._compact
+
+    def compact_without(self, key: str) -> dict[str, Any]:
+        """The compact state of this snapshot with pod ``key`` left out (as it was before being placed)."""
+        compact = self._compact_state()
         found = self.pod(key)
         if found is None:
-            return self._compact
+            return compact
         if found[1] == _BOUND:  # the snapshot already shows the pod bound: rebuild without it (rare)
             return compact_dict(self.msg.state, self.msg.pending, without=key)
-        return drop_pending(self._compact, found[1])
+        return drop_pending(compact, found[1])
 
 
 def node_names(data: dict[str, Any]) -> list[str]:
