@@ -7,7 +7,8 @@ scores, ties by the replay's node order), assumed in the view, and its ``Decisio
 loop does. Per pod the thread's CPU time (``time.thread_time``) of: the decision without the model's
 explanation, the explanation (``policy.explain``, reading the scoring pass the decision just ran), and the
 assume + encode, and (``--prepare``, as the service's ``prepare_loop`` does between pods) the policy's
-``prepare`` on the state the assume left, not part of the next decision. ``--no-decompose``: the learned
+``prepare`` on the state the assume left, then its ``warm`` (as the loop does when no pod waits), neither part of
+the next decision. ``--no-decompose``: the learned
 policy runs ``actor.onnx`` as exported instead of ``DecomposedActor``. ``--actor-ab``: per pod, outside the
 timed parts, the actor pass of the decision's own graph once through ``actor.onnx`` (fed the candidates' rows,
 as ``run_actor``) and once through ``DecomposedActor`` over its node tables, alternately first, with the
@@ -66,10 +67,11 @@ def main() -> int:
     if args.no_decompose and getattr(policy, "head", None) is not None:
         policy.head = None
     prepare = getattr(policy, "prepare", None) if args.prepare else None
+    warm = getattr(policy, "warm", None) if args.prepare else None
     brief(policy, workload)  # as AGMARL_BRIEF_WORKLOAD does in a replay
     ranks = tie_order(view.state)
     explain = getattr(policy, "explain", None)
-    decision_ms, explain_ms, rest_ms, prepare_ms = [], [], [], []
+    decision_ms, explain_ms, rest_ms, prepare_ms, warm_ms = [], [], [], [], []
     actor_ms: dict[str, list[float]] = {"actor.onnx": [], "DecomposedActor": []}
     actor_diff, actor_same = 0.0, 0
     load = os.getloadavg()[0]
@@ -100,11 +102,16 @@ def main() -> int:
         if callable(prepare):
             prepare(view.state)
         pms = 1000 * (time.thread_time() - t)
+        t = time.thread_time()
+        if callable(warm):
+            warm(view.state)
+        wms = 1000 * (time.thread_time() - t)
         if k >= args.skip:
             decision_ms.append(dms)
             explain_ms.append(xms)
             rest_ms.append(rms)
             prepare_ms.append(pms)
+            warm_ms.append(wms)
     print(f"{args.policy}, {args.nodes}, pods {args.skip}..{args.skip + args.pods} of {args.workload}'s inflation "
           f"order (load {load:.2f} -> {os.getloadavg()[0]:.2f}), CPU per pod:")
     print(f"  decision (filter, score, pick, logged scores): {stats(decision_ms)}")
@@ -114,6 +121,8 @@ def main() -> int:
     print(f"  total:                                         {stats(list(total))}")
     if callable(prepare):
         print(f"  prepare (between pods, not in the total):      {stats(prepare_ms)}")
+    if callable(warm):
+        print(f"  warm (between pods when idle, not in total):   {stats(warm_ms)}")
     if actor_ms["actor.onnx"]:
         for name, ms in actor_ms.items():
             print(f"  actor pass, {name + ':':34s} {stats(ms)}")

@@ -93,7 +93,9 @@ def test_node_tables_updated_by_rows_equal_tables_computed_afresh(artifact):
         np.testing.assert_array_equal(a, b)
 
 
-def test_prepare_does_the_cluster_change_ahead_and_leaves_the_scores_as_they_were(artifact, pods):
+def test_prepare_and_warm_do_the_cluster_change_ahead_and_leave_the_scores_as_they_were(artifact, pods):
+    """``prepare`` (node rows, embeddings, actor tables) and ``warm`` (the common pod shapes' pair rows) between
+    pods: the next ``score`` runs no encoder pass and gives the scores of a policy never prepared, bit for bit."""
     prepared, plain = OnnxModelPolicy(artifact), OnnxModelPolicy(artifact)
     for p in (prepared, plain):
         p.observe_workload(pods)
@@ -105,6 +107,7 @@ def test_prepare_does_the_cluster_change_ahead_and_leaves_the_scores_as_they_wer
         if cand.size == 0:
             continue
         prepared.prepare(state)
+        prepared.warm(state)
         passes = (prepared._cache.full_passes, prepared._cache.partial_passes, prepared.head.nodes.key)
         got = prepared.score(pod, state, cand)
         assert (prepared._cache.full_passes, prepared._cache.partial_passes, prepared.head.nodes.key) == passes

@@ -321,6 +321,33 @@ async def test_a_backlog_on_one_subscription_does_not_starve_health_probes(nats_
             await client.close()
 
 
+async def test_backlog_counts_what_was_received_and_not_yet_handled(nats_url):
+    """``backlog``: messages in the client's queues that no handler has taken yet; 0 once they are handled."""
+    name = f"held-{uuid.uuid4().hex[:6]}"
+    cluster = f"h{uuid.uuid4().hex[:6]}"
+    rt = ServiceRuntime(name, CommonSettings(nats_url=nats_url, cluster=cluster))
+    release, handled = asyncio.Event(), []
+
+    @rt.handle(subjects.pending(cluster), PendingPod)
+    async def on_pending(msg: PendingPod, ctx: HandlerContext) -> None:
+        await release.wait()  # the first message holds the subscription: the rest wait in its queue
+        handled.append(msg.pod["name"])
+
+    client = await Bus.connect(nats_url, "held-client")
+    async with rt:
+        try:
+            assert rt.backlog() == 0
+            for i in range(5):
+                await client.publish(subjects.pending(cluster), _pending(f"p{i}", cluster))
+            await client.flush()
+            assert await _until(lambda: rt.backlog() == 4)  # one taken by the handler, four waiting
+            release.set()
+            assert await _until(lambda: len(handled) == 5)
+            assert rt.backlog() == 0
+        finally:
+            await client.close()
+
+
 def test_metric_children_are_the_families_own_and_a_full_cache_still_counts():
     """``Children`` (a labelled family's children looked up once) counts into the family itself, and past its
     limit forgets what it holds instead of growing, still counting; the middleware's subject labels likewise."""

@@ -121,6 +121,36 @@ async def test_the_policy_prepares_for_the_next_pod_after_the_decision_went_out(
         await rt.shutdown()
 
 
+async def test_the_policy_warms_after_prepare_only_when_nothing_waits(nats_url, tmp_path):
+    """``prepare_loop``: after ``prepare``, the policy's ``warm`` (work ahead of need) gets the same state when the
+    loop is idle; with messages waiting in the client's queues (``backlog``) it is skipped, ``prepare`` is not."""
+    app, rt, cluster = await started_app(nats_url, tmp_path)
+    calls: list[tuple[str, object]] = []
+    app.policy.prepare = lambda state: calls.append(("prepare", state))
+    app.policy.warm = lambda state: calls.append(("warm", state))
+    waiting = [0]
+    rt.backlog = lambda: waiting[0]
+    loop = asyncio.get_running_loop().create_task(app.prepare_loop())
+    try:
+        await rt.bus.ensure_streams()
+        await app.on_pending(pending(cluster, 0), context(rt))
+        assert await until(lambda: len(calls) == 2)
+        assert [c[0] for c in calls] == ["prepare", "warm"] and calls[0][1] is calls[1][1] is app.view.state
+        waiting[0] = 3  # a backlog: prepare only
+        await app.on_pending(pending(cluster, 1), context(rt))
+        assert await until(lambda: len(calls) == 3)
+        for _ in range(2 * PREPARE_YIELDS + 2):
+            await asyncio.sleep(0)
+        assert [c[0] for c in calls] == ["prepare", "warm", "prepare"]
+        waiting[0] = 0
+        await app.on_pending(pending(cluster, 2), context(rt))
+        assert await until(lambda: len(calls) == 5) and [c[0] for c in calls[3:]] == ["prepare", "warm"]
+    finally:
+        loop.cancel()
+        await app.flush_decisions()
+        await rt.shutdown()
+
+
 async def test_a_graph_update_that_leaves_the_view_as_it_was_is_not_prepared_again(nats_url, tmp_path):
     """The bind of a decision the view already assumed (the usual graph update after each decision) leaves the
     view's state as it was: ``prepare_loop`` does not pass the policy the same state twice; an update that

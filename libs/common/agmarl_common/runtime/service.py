@@ -282,6 +282,11 @@ class ServiceRuntime:
     async def __aexit__(self, *exc: object) -> None:
         await self.shutdown()
 
+    def backlog(self) -> int:
+        """Messages this service received and has not handed to a handler yet (its subscriptions' pending
+        queues in the NATS client): work waiting, for a loop deciding whether optional work can go first."""
+        return sum(int(getattr(sub, "pending_msgs", 0)) for sub in self._subscriptions)
+
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str = "") -> asyncio.Task:
         """Run a background coroutine owned by the runtime: logged if it fails, cancelled on shutdown."""
         task = asyncio.get_running_loop().create_task(coro, name=name or None)

@@ -346,6 +346,15 @@ class OnnxModelPolicy(PolicyBase):
                 self.head.nodes.update(emb, node_x, (id(cache), cache.version), cache.dirty)
             objective_state(state, self._context.objective)  # the reward_gain column's per-state terms
 
+    def warm(self, state: ClusterState) -> None:
+        """After ``prepare``, when nothing waits: the pair rows (fragmentation included) of the pod shapes scored
+        most often, brought up to ``state`` (``FeatureContext.warm``), so that the next pod of one of them computes
+        none. Work ahead of need (rows of shapes that may not come next), so the loop skips it when busy; the
+        scores are the same with or without it."""
+        with self._lock:
+            if self._context is not None:
+                self._context.warm(self._canonical(state))
+
     # --- the Policy protocol ---------------------------------------------------------------------
 
     def score(self, pod: Pod, state: ClusterState, candidates: np.ndarray) -> np.ndarray:

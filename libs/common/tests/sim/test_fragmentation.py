@@ -40,6 +40,27 @@ def test_node_frag_amount_by_hand(cpu_left, gpu_left, expected):
     assert node_frag_amount(np.array([cpu_left]), gpu_left, access, TARGET)[0] == pytest.approx(expected)
 
 
+def test_a_nodes_amount_does_not_depend_on_the_batch_computing_it():
+    """Each row is summed in one fixed order: alone, in any sub-batch or in the whole batch, a node's amount is
+    the same bit for bit (a BLAS matrix-vector product rounds a row by its place in the batch), which is what
+    lets memoised rows, computed in whatever batches decisions asked for, equal rows computed afresh."""
+    rng = np.random.default_rng(3)
+    k = 35
+    target = TargetWorkload(cpu_milli=rng.integers(0, 16_000, k), gpu_milli=rng.choice([0, 250, 500, 1000], k),
+                            num_gpu=rng.integers(0, 3, k), gpu_spec=tuple(() for _ in range(k)),
+                            prob=rng.dirichlet(np.ones(k)))
+    n = 600
+    cpu = rng.integers(0, 64_000, n)
+    gpu = rng.integers(0, 1001, (n, 8)) * (rng.random((n, 8)) < 0.7)
+    access = rng.random((n, k)) < 0.8
+    whole = node_frag_amount(cpu, gpu, access, target)
+    for i in range(n):
+        assert node_frag_amount(cpu[i:i + 1], gpu[i:i + 1], access[i:i + 1], target)[0] == whole[i]
+    for size in (2, 3, 5, 17, 64, 333):
+        rows = rng.choice(n, size, replace=False)
+        assert node_frag_amount(cpu[rows], gpu[rows], access[rows], target).tobytes() == whole[rows].tobytes()
+
+
 def test_a_gpu_model_the_shape_cannot_use_is_all_fragment():
     target = shapes((1000, 500, 1, 1.0), spec=(("T4",),))
     access = target.accessible(np.array(["V100M16", "T4", ""], dtype=object))

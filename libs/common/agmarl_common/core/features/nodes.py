@@ -12,7 +12,7 @@ import numpy as np
 
 from agmarl_common.core.cluster.model import GPU_MILLI, MAX_GPUS, ClusterState
 from agmarl_common.core.features.pairs import CPU_SCALE, GPU_SCALE, MEM_SCALE, gpu_left
-from agmarl_common.core.sim.fragmentation import TargetWorkload, node_frag_amount
+from agmarl_common.core.sim.fragmentation import TargetWorkload, expectation, node_frag_amount
 
 
 def node_feature_rows(state: ClusterState, rows: np.ndarray, access: np.ndarray,
@@ -43,7 +43,7 @@ def node_feature_rows(state: ClusterState, rows: np.ndarray, access: np.ndarray,
         left.max(axis=1) / GPU_MILLI,
         frag / GPU_SCALE,
         np.divide(frag, idle, out=np.zeros(len(rows)), where=idle > 0),
-        access.astype(np.float64) @ target.prob,
+        expectation(access.astype(np.float64), target.prob),
         (state.pods_used[rows] == 0).astype(np.float64),
         state.schedulable[rows].astype(np.float64),
         np.minimum(gpu_pods, 16) / MAX_GPUS,

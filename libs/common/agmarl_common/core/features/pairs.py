@@ -80,6 +80,9 @@ def placement_frag(shape: tuple, state: ClusterState, rows: np.ndarray, access: 
     return best[inv], dev[inv].astype(np.int64)
 
 
+FEW_ROWS = 32  # ``placement_frag_many`` looks for equal node states (``np.unique``) above this many rows
+
+
 def placement_frag_many(jobs: Sequence[tuple[tuple, np.ndarray]], state: ClusterState, access: np.ndarray,
                         access_class: np.ndarray, target: TargetWorkload,
                         free: tuple[np.ndarray, np.ndarray] | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -98,10 +101,10 @@ def placement_frag_many(jobs: Sequence[tuple[tuple, np.ndarray]], state: Cluster
         cpu_left, left = state.cpu_cap[rows] - state.cpu_used[rows], gpu_left(state, rows)
     else:
         cpu_left, left = free[0][rows], free[1][rows]
-    # one row: nothing to deduplicate. Not a few rows without ``np.unique`` either: ``node_frag_amount``'s
-    # matrix-vector product rounds by batch size, and the trainer amplifies 4.5e-16 (docs/performance.md, cut 2)
-    if rows.size == 1:
-        first = inv = np.zeros(1, np.int64)
+    # a few rows are computed as they are: finding equal ones (``np.unique``) costs more than it saves; the result
+    # is the same bit for bit (a row's fragmentation does not depend on its batch: ``expectation``)
+    if rows.size <= FEW_ROWS:
+        first = inv = np.arange(rows.size)
     else:
         key = np.ascontiguousarray(np.column_stack([sid, cpu_left, left, access_class[rows]]).astype(np.int64))
         void = key.view(np.dtype((np.void, key.itemsize * key.shape[1]))).reshape(-1)
@@ -139,8 +142,8 @@ def placement_frag_many(jobs: Sequence[tuple[tuple, np.ndarray]], state: Cluster
         after_left[take] = 0  # whole GPUs: the lowest-index free devices
         best[rest] = node_frag_amount(u_cpu[rest], after_left, u_acc[rest], target)
     best, dev = best[inv], dev[inv]
-    bounds = np.cumsum(sizes)[:-1]
-    return list(zip(np.split(best, bounds), np.split(dev, bounds)))
+    ends = np.cumsum(sizes).tolist()
+    return [(best[end - size:end], dev[end - size:end]) for size, end in zip(sizes, ends)]  # np.split, cheaper
 
 
 def shape_jobs(pods: Sequence[Pod], idx: np.ndarray, pod_of: np.ndarray,
@@ -159,11 +162,11 @@ def shape_jobs(pods: Sequence[Pod], idx: np.ndarray, pod_of: np.ndarray,
     return jobs, flat
 
 
-def current_memos(memo: dict, jobs: list[tuple[tuple, np.ndarray]], state: ClusterState, version: np.ndarray,
+def current_memos(memo: dict, jobs: list[tuple[tuple, np.ndarray | None]], state: ClusterState, version: np.ndarray,
                   frag: np.ndarray, access: np.ndarray, access_class: np.ndarray, target: TargetWorkload,
                   free: tuple[np.ndarray, np.ndarray] | None = None) -> list[tuple[np.ndarray, ...]]:
     """The memo entry (row version, delta, after, device; (n,) arrays) of each job's pod shape, made current
-    on the job's nodes: a row is recomputed when its version differs from ``version`` (the caller bumps a
+    on the job's nodes (``None``: every node): a row is recomputed when its version differs from ``version`` (the caller bumps a
     node's version when its usage changes; ``frag`` (n,) is each node's current fragmentation). All stale
     rows go through one ``placement_frag_many`` (``free``: the current free cpu and devices of every node,
     when the caller keeps them). ``memo`` (pod shape -> entry) is updated in place."""
@@ -173,7 +176,7 @@ def current_memos(memo: dict, jobs: list[tuple[tuple, np.ndarray]], state: Clust
         if shape not in memo:
             memo[shape] = (np.full(n, -1, np.int64), np.zeros(n), np.zeros(n), np.full(n, -1, np.int64))
         entry = memo[shape]
-        rows = idx[entry[0][idx] != version[idx]]
+        rows = np.flatnonzero(entry[0] != version) if idx is None else idx[entry[0][idx] != version[idx]]
         memos.append(entry)
         if rows.size:
             todo.append((shape, rows, entry))

@@ -106,7 +106,16 @@ def node_frag_amount(cpu_left: np.ndarray, gpu_left: np.ndarray, access: np.ndar
     is_gpu_shape = (milli > 0)[None, :]
     satisfied = is_gpu_shape & access & can_host & cpu_ok
     per_shape = np.where(satisfied, small, total[:, None])
-    return per_shape @ target.prob
+    return expectation(per_shape, target.prob)
+
+
+def expectation(per_shape: np.ndarray, prob: np.ndarray) -> np.ndarray:
+    """(B,) each row of ``per_shape`` (B, K) weighted by ``prob`` (K,), summed row by row in one fixed order, so
+    a row's result does not depend on the batch it is computed in: a BLAS matrix-vector product (``@``) rounds a
+    row differently by its place in the batch and the batch's size, and the memoised rows of
+    ``features.FeatureContext``, computed in whatever batches the decisions asked for, would then differ in the
+    last bit from rows computed afresh."""
+    return (per_shape * prob).sum(axis=1)
 
 
 @dataclass(frozen=True)
