@@ -18,6 +18,7 @@ import pytest
 
 from agmarl_common.core.cluster.filters import feasible_nodes
 from agmarl_common.core.cluster.model import GPU_MILLI, MAX_GPUS, ClusterState, Node, Pod, bind, choose_gpus, unbind_at
+import agmarl_common.core.features as features_module
 from agmarl_common.core.features import pairs as pairs_module
 from agmarl_common.core.features import (CPU_SCALE, F_EDGE, FRAG_SCALE, GPU_SCALE, FeatureContext,
                                     build_graph, identical_pods, pair_features, pair_features_batch, placement_frag,
@@ -405,3 +406,24 @@ def test_warm_rows_are_the_rows_a_decision_computes_and_leave_it_none(monkeypatc
                     state = unbind_at(state, i, state.bound[i][0].key)
                 warm_set = warm.warm(state, keys=4)
     assert checked >= 20
+
+
+def test_a_full_row_memo_drops_its_least_scored_entry_only(monkeypatch):
+    """Past ``ROW_MEMOS`` (pod shape, cpu) entries, a new one takes the place of the entry scored least, not of all
+    of them (openb:default has 81 such entries: clearing the memo made the common shapes recompute every row)."""
+    monkeypatch.setattr(features_module, "ROW_MEMOS", 3)
+    rng = np.random.default_rng(41)
+    state = fill(rng, ClusterState.empty(random_nodes(rng, 20)), 30, "fill")
+    context = FeatureContext(target_workload([random_pod(rng, f"t{k}") for k in range(50)]))
+    pods = [Pod(f"c{k}", 1000 * (k + 1), 1024) for k in range(5)]  # five cpu pods: five entries
+    key = [(pod_shape(p), p.cpu_milli) for p in pods]
+    for p, times in zip(pods[:3], (3, 1, 2)):
+        for _ in range(times):
+            pair_features(p, state, feasible_nodes(p, state), context)
+    assert list(context._rows) == key[:3]
+    pair_features(pods[3], state, feasible_nodes(pods[3], state), context)
+    assert list(context._rows) == [key[0], key[2], key[3]]  # c1 (scored once) made room
+    a, _ = pair_features(pods[4], state, feasible_nodes(pods[4], state), context)  # c3 (once, first of equals)
+    assert list(context._rows) == [key[0], key[2], key[4]]
+    b, _ = pair_features(pods[4], state, feasible_nodes(pods[4], state)[::-1].copy(), context)
+    assert a.tobytes() == b[::-1].tobytes()

@@ -46,7 +46,8 @@ from agmarl_common.core.features.pairs import (  # noqa: F401  (pair inputs: re-
     gpu_left, objective_gains, objective_state, placement_frag, placement_frag_many, shape_jobs)
 from agmarl_common.core.sim.fragmentation import TargetWorkload, pod_shape, target_workload
 
-ROW_MEMOS = 64  # (pod shape, cpu) entries ``FeatureContext.pair_rows`` keeps (each (n, F_EDGE) float32); then anew
+ROW_MEMOS = 64  # (pod shape, cpu) entries ``FeatureContext.pair_rows`` keeps (each (n, F_EDGE) float32); then the
+# least scored makes room
 WARM_SHAPES = 32  # (pod shape, cpu) entries ``FeatureContext.warm`` keeps current: the most scored (openb: 94 % of pods)
 
 NODE_FEATURES = (
@@ -256,8 +257,8 @@ class FeatureContext:
         use[0] += 1
         use[1] = pod
         if key not in self._rows:
-            if len(self._rows) >= ROW_MEMOS:
-                self._rows.clear()
+            if len(self._rows) >= ROW_MEMOS:  # the least scored entry makes room (the first kept of equals)
+                del self._rows[min(self._rows, key=lambda k: self._uses[k][0])]
             self._rows[key] = (np.full(state.n_nodes, -1, np.int64), np.zeros((state.n_nodes, F_EDGE), np.float32))
         ver, rows = self._rows[key]
         stale = idx[ver[idx] != self._version[idx]]
