@@ -48,7 +48,7 @@ from agmarl_common.core.sim.fragmentation import TargetWorkload, pod_shape, targ
 
 ROW_MEMOS = 64  # (pod shape, cpu) entries ``FeatureContext.pair_rows`` keeps (each (n, F_EDGE) float32); then the
 # least scored makes room
-WARM_SHAPES = 32  # (pod shape, cpu) entries ``FeatureContext.warm`` keeps current: the most scored (openb: 94 % of pods)
+WARM_SHAPES = 32  # (pod shape, cpu) entries ``FeatureContext.warm`` keeps current: the most scored (openb: 94 %)
 
 NODE_FEATURES = (
     "cpu_free", "mem_free", "gpu_free", "gpu_whole_free", "pods_free", "cpu_util", "mem_util", "gpu_util",
@@ -271,15 +271,15 @@ class FeatureContext:
 
     def warm(self, state: ClusterState, keys: int = WARM_SHAPES) -> list[tuple]:
         """Bring the fragmentation memo and the memoised pair rows of the ``keys`` (pod shape, cpu) entries
-        ``pair_rows`` scored most often up to ``state``: work of a cluster change done ahead of the next pod (the
-        live loop's ``prepare``, between pods), whose ``pair_rows`` then computes no row when its entry is among
-        them. Only the rows that changed since the last ``warm`` are looked at (all of them the first time): an
-        entry's rows were current on its candidates when it was last scored, so an older stale row is one of a
-        node that was no candidate then and has not changed since (``pair_rows`` still computes any stale row it
-        reads).
-        Nothing a decision reads changes: a row is a function of the pod shape and the node's usage alone,
-        whatever batch computes it (``sim.fragmentation.expectation``, ``_pair_columns`` element by element), so
-        a row computed here is the row ``pair_rows`` would compute, bit for bit. Returns the entries warmed."""
+        ``pair_rows`` scored most often up to ``state``: work of a cluster change done ahead of the next pod (by
+        the live loop between pods, after the policy's ``prepare``), whose ``pair_rows`` then computes no row when
+        its entry is among them. Only the rows that changed since the last ``warm`` are looked at (all of them the
+        first time): an entry's rows were current on its candidates when it was last scored, so an older stale row
+        is one of a node that was no candidate then and has not changed since (``pair_rows`` still computes any
+        stale row it reads). Nothing a decision reads changes: a row is a function of the pod shape and the
+        node's usage alone, whatever batch computes it (``sim.fragmentation.expectation``, ``_pair_columns``
+        element by element), so a row computed here is the row ``pair_rows`` would compute, bit for bit. Returns
+        the entries warmed."""
         self._refresh(state)
         top = sorted(self._uses.items(), key=lambda kv: -kv[1][0])[:keys]  # stable: ties keep first-scored order
         top = [(key, use[1]) for key, use in top if key in self._rows]  # an entry dropped with a full memo: not here
@@ -303,7 +303,7 @@ class FeatureContext:
         delta, after, dev = (np.concatenate([m[j][r] for m, r in zip(shape_of, stale)]) for j in (1, 2, 3))
         pod_of = np.repeat(np.arange(len(pods)), [r.size for r in stale])
         cols = _pair_columns([pod for _, pod in pods], pod_of, idx, self._terms, delta, after, dev)
-        block = np.column_stack(cols)  # float64 (bools as 0.0 / 1.0): cast to float32 on assignment, as column by column
+        block = np.column_stack(cols)  # float64 (bools as 0.0 / 1.0), cast to float32 on assignment as one by one
         hi = np.cumsum([r.size for r in stale])
         for (key, _), rows, end in zip(pods, stale, hi):
             ver, out = self._rows[key]

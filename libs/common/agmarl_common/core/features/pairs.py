@@ -166,8 +166,9 @@ def current_memos(memo: dict, jobs: list[tuple[tuple, np.ndarray | None]], state
                   frag: np.ndarray, access: np.ndarray, access_class: np.ndarray, target: TargetWorkload,
                   free: tuple[np.ndarray, np.ndarray] | None = None) -> list[tuple[np.ndarray, ...]]:
     """The memo entry (row version, delta, after, device; (n,) arrays) of each job's pod shape, made current
-    on the job's nodes (``None``: every node): a row is recomputed when its version differs from ``version`` (the caller bumps a
-    node's version when its usage changes; ``frag`` (n,) is each node's current fragmentation). All stale
+    on the job's nodes (``None``: every node): a row is recomputed when its version differs from ``version``
+    (the caller bumps a node's version when its usage changes; ``frag`` (n,) is each node's current
+    fragmentation). All stale
     rows go through one ``placement_frag_many`` (``free``: the current free cpu and devices of every node,
     when the caller keeps them). ``memo`` (pod shape -> entry) is updated in place."""
     n = state.n_nodes
