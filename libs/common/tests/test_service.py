@@ -326,26 +326,24 @@ async def test_backlog_counts_what_was_received_and_not_yet_handled(nats_url):
     name = f"held-{uuid.uuid4().hex[:6]}"
     cluster = f"h{uuid.uuid4().hex[:6]}"
     rt = ServiceRuntime(name, CommonSettings(nats_url=nats_url, cluster=cluster))
-    release, handled = asyncio.Event(), []
+    entered, release, handled = asyncio.Event(), asyncio.Event(), []
 
     @rt.handle(subjects.pending(cluster), PendingPod)
     async def on_pending(msg: PendingPod, ctx: HandlerContext) -> None:
+        entered.set()
         await release.wait()  # the first message holds the subscription: the rest wait in its queue
         handled.append(msg.pod["name"])
 
-    client = await Bus.connect(nats_url, "held-client")
     async with rt:
-        try:
-            assert rt.backlog() == 0
-            for i in range(5):
-                await client.publish(subjects.pending(cluster), _pending(f"p{i}", cluster))
-            await client.flush()
-            assert await _until(lambda: rt.backlog() == 4)  # one taken by the handler, four waiting
-            release.set()
-            assert await _until(lambda: len(handled) == 5)
-            assert rt.backlog() == 0
-        finally:
-            await client.close()
+        assert rt.backlog() == 0
+        for i in range(5):  # on the service's own connection: after its subscription, in order
+            await rt.bus.publish(subjects.pending(cluster), _pending(f"p{i}", cluster))
+        await rt.bus.flush()
+        await asyncio.wait_for(entered.wait(), 10.0)
+        assert await _until(lambda: rt.backlog() == 4), [s.pending_msgs for s in rt._subscriptions]
+        release.set()
+        assert await _until(lambda: len(handled) == 5)
+        assert rt.backlog() == 0
 
 
 def test_metric_children_are_the_families_own_and_a_full_cache_still_counts():
