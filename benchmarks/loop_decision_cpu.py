@@ -7,9 +7,9 @@ scores, ties by the replay's node order), assumed in the view, and its ``Decisio
 loop does. Per pod the thread's CPU time (``time.thread_time``) of: the decision without the model's
 explanation, the explanation (``policy.explain``, reading the scoring pass the decision just ran), and the
 assume + encode, and (``--prepare``, as the service's ``prepare_loop`` does between pods) the policy's
-``prepare`` on the state the assume left, then its ``warm`` (as the loop does when no pod waits), neither part of
-the next decision. ``--no-decompose``: the learned
-policy runs ``actor.onnx`` as exported instead of ``DecomposedActor``. ``--actor-ab``: per pod, outside the
+``prepare`` on the state the assume left, then its ``warm`` (as the loop does when no pod waits), neither part
+of the next decision. ``--no-decompose``: the learned policy runs ``actor.onnx`` as exported instead of
+``DecomposedActor``. ``--actor-ab``: per pod, outside the
 timed parts, the actor pass of the decision's own graph once through ``actor.onnx`` (fed the candidates' rows,
 as ``run_actor``) and once through ``DecomposedActor`` over its node tables, alternately first, with the
 largest logit difference and whether the pick agrees. Prints p50 / p90 / p99 / mean of each and the 1-minute

@@ -369,7 +369,7 @@ def test_batched_features_equal_the_per_pod_definition_on_openb(openb):
 
 
 def test_warm_rows_are_the_rows_a_decision_computes_and_leave_it_none(monkeypatch):
-    """``FeatureContext.warm`` (the live loop's ``prepare``, between pods) brings the most scored (pod shape, cpu)
+    """``FeatureContext.warm`` (the live loop, between pods, after ``prepare``) brings the most scored (pod shape, cpu)
     entries up to the state: across binds and unbinds, a context warmed after every change gives the same pair
     rows, bit for bit, as one never warmed, and a pod of a warm entry then computes no fragmentation row at all;
     entries outside the warm set (or entering it) still come out right."""

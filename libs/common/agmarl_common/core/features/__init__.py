@@ -263,10 +263,7 @@ class FeatureContext:
         ver, rows = self._rows[key]
         stale = idx[ver[idx] != self._version[idx]]
         if stale.size:
-            for j, col in enumerate(_pair_columns([pod], np.zeros(stale.size, np.int64), stale, self._terms,
-                                                  memo[1][stale], memo[2][stale], memo[3][stale])):
-                rows[stale, j] = col
-            ver[stale] = self._version[stale]
+            self._fill_rows([(key, pod, stale)])
         return rows[idx], memo[3][idx]
 
     def warm(self, state: ClusterState, keys: int = WARM_SHAPES) -> list[tuple]:
@@ -288,30 +285,38 @@ class FeatureContext:
         if not top or (idx is not None and idx.size == 0):
             return [key for key, _ in top]
         shapes = list(dict.fromkeys(key[0] for key, _ in top))
-        memos = dict(zip(shapes, self._memos([(shape, idx) for shape in shapes], state)))
-        pods, stale = [], []
+        self._memos([(shape, idx) for shape in shapes], state)  # the fragmentation memos the rows read
+        entries = []
         for key, pod in top:
             ver = self._rows[key][0]
             rows = np.flatnonzero(ver != self._version) if idx is None else idx[ver[idx] != self._version[idx]]
             if rows.size:
-                pods.append((key, pod))
-                stale.append(rows)
-        if not pods:
-            return [key for key, _ in top]
-        idx = np.concatenate(stale)
-        shape_of = [memos[key[0]] for key, _ in pods]
-        delta, after, dev = (np.concatenate([m[j][r] for m, r in zip(shape_of, stale)]) for j in (1, 2, 3))
-        pod_of = np.repeat(np.arange(len(pods)), [r.size for r in stale])
-        cols = _pair_columns([pod for _, pod in pods], pod_of, idx, self._terms, delta, after, dev)
-        block = np.column_stack(cols)  # float64 (bools as 0.0 / 1.0), cast to float32 on assignment as one by one
-        hi = np.cumsum([r.size for r in stale])
-        for (key, _), rows, end in zip(pods, stale, hi):
-            ver, out = self._rows[key]
-            out[rows, :block.shape[1]] = block[end - rows.size:end]
-            ver[rows] = self._version[rows]
+                entries.append((key, pod, rows))
+        if entries:
+            self._fill_rows(entries)
         return [key for key, _ in top]
 
-    def _memos(self, jobs: list[tuple[tuple, np.ndarray]], state: ClusterState) -> list[tuple[np.ndarray, ...]]:
+    def _fill_rows(self, entries: list[tuple[tuple, Pod, np.ndarray]]) -> None:
+        """Compute the memoised pair rows of each entry ((pod shape, cpu) key, a pod of it, node rows), all in one
+        ``_pair_columns`` pass, from each shape's fragmentation memo (current on those rows), and mark them
+        current. The columns go in as float64 (bools as 0.0 / 1.0) and are cast to float32 on assignment."""
+        def cat(arrays: list[np.ndarray]) -> np.ndarray:
+            return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+        stale = [rows for _, _, rows in entries]
+        memos = [self._pairs[key[0]] for key, _, _ in entries]
+        delta, after, dev = (cat([m[j][rows] for m, rows in zip(memos, stale)]) for j in (1, 2, 3))
+        pod_of = np.repeat(np.arange(len(entries)), [rows.size for rows in stale])
+        block = np.column_stack(_pair_columns([pod for _, pod, _ in entries], pod_of, cat(stale), self._terms,
+                                              delta, after, dev))
+        end = 0
+        for (key, _, _), rows in zip(entries, stale):
+            ver, out = self._rows[key]
+            out[rows, :block.shape[1]] = block[end:end + rows.size]
+            ver[rows] = self._version[rows]
+            end += rows.size
+
+    def _memos(self, jobs: list[tuple[tuple, np.ndarray | None]], state: ClusterState) -> list[tuple[np.ndarray, ...]]:
         """``current_memos`` of ``jobs`` in this context's memo (after ``_refresh``)."""
         return current_memos(self._pairs, jobs, state, self._version, self._frag, self._access, self._access_class,
                              self.target, (self._terms["cpu_free"], self._terms["gpu_left"]))
