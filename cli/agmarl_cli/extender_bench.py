@@ -138,7 +138,7 @@ class GraphFeeder:
         self.thread = threading.Thread(target=self.loop.run_forever, name="graph-feeder", daemon=True)
         self.thread.start()
         self.bus: Bus = self._call(Bus.connect(url, "bench-graph-builder"))
-        self._call(self.bus.nc.subscribe(subjects.decision_wildcard(CLUSTER), cb=self._on_decision))
+        self._call(self.bus.subscribe(subjects.decision_wildcard(CLUSTER), self._on_decision))
         self.task = asyncio.run_coroutine_threadsafe(self._deltas(), self.loop)
 
     def _call(self, coro: Any, timeout: float = 30.0) -> Any:

@@ -77,6 +77,24 @@ async def test_request_reply(nats_url):
         await bus.close()
 
 
+async def test_a_subscription_has_every_message_another_connection_publishes_once_subscribe_returns(nats_url):
+    """``Bus.subscribe`` returns once the server has the subscription. nats-py's own flush writes its PING ahead of
+    the buffered SUB, so without ``Bus.flush`` writing the buffer first about 3 % of these subscriptions missed the
+    message (a loss in 300 tries is then all but certain); each try waits for its message, not a fixed time."""
+    sub_bus, pub_bus = await Bus.connect(nats_url, "test-sub-order"), await Bus.connect(nats_url, "test-pub-order")
+    try:
+        for i in range(300):
+            subject = subjects.pending(f"o{uuid.uuid4().hex[:8]}")
+            sub = await sub_bus.subscribe(subject)
+            await pub_bus.publish(subject, b"m%d" % i)
+            msg = await sub.next_msg(timeout=5.0)  # a lost message: a timeout here
+            assert msg.data == b"m%d" % i
+            await sub.unsubscribe()
+    finally:
+        await sub_bus.close()
+        await pub_bus.close()
+
+
 async def test_decision_log_survives_nats_restart(tmp_path):
     with NatsServer(store_dir=tmp_path / "store") as server:
         bus = await Bus.connect(server.url, "test-restart")

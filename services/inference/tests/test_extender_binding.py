@@ -66,7 +66,7 @@ async def test_prioritize_assumes_its_choice_so_the_next_pod_sees_it(nats_url):
 async def test_bind_confirms_the_node_kube_scheduler_chose_and_logs_it(nats_url):
     binder = RecordingBinder()
     async with running(nats_url, model="kube-default", binder=binder) as r:
-        sub = await r.bus.nc.subscribe(subjects.decision_wildcard(r.cluster))
+        sub = await r.bus.subscribe(subjects.decision_wildcard(r.cluster))
         view = r.ext.view
         scores = await prioritize(r, pod_json("a"))
         chosen = view.assumed["default/a"].node
@@ -99,7 +99,7 @@ async def test_a_failed_bind_gives_the_assumption_back(nats_url):
 
 async def test_the_observed_binding_corrects_the_assumption(nats_url):
     async with running(nats_url, model="kube-default") as r:
-        sub = await r.bus.nc.subscribe(subjects.decision_wildcard(r.cluster))
+        sub = await r.bus.subscribe(subjects.decision_wildcard(r.cluster))
         view = r.ext.view
         await prioritize(r, pod_json("a"))
         chosen = view.assumed["default/a"].node
@@ -113,7 +113,7 @@ async def test_the_observed_binding_corrects_the_assumption(nats_url):
 
 async def test_an_assumption_never_confirmed_expires_and_its_decision_is_logged_unbound(nats_url):
     async with running(nats_url, model="kube-default", assume_ttl_seconds=0.3) as r:
-        sub = await r.bus.nc.subscribe(subjects.decision_wildcard(r.cluster))
+        sub = await r.bus.subscribe(subjects.decision_wildcard(r.cluster))
         await prioritize(r, pod_json("gone"))
         assert r.ext.view.is_assumed("default/gone")
         r.ext.view.expire(time.time() + 1)  # the replica's expiry loop does this every second
@@ -131,7 +131,7 @@ async def test_the_log_node_equals_the_binding_for_every_pod_with_random_tie_bre
     async with running(nats_url, model="kube-default", binder=binder) as r:
         exporter = InMemorySpanExporter()
         r.rt.tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
-        sub = await r.bus.nc.subscribe(subjects.decision_wildcard(r.cluster))
+        sub = await r.bus.subscribe(subjects.decision_wildcard(r.cluster))
         bound: dict[str, str] = {}
         unobserved: list[tuple[dict, str]] = []
         for k in range(40):

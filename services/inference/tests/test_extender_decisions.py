@@ -24,7 +24,7 @@ from agmarl_testing.extender import SAMPLES, observe_binding, pod_json, prioriti
 
 async def test_decision_log_entry_carries_the_request_trace(nats_url):
     async with running(nats_url, rollout_mode="hybrid") as r:
-        sub = await r.bus.nc.subscribe(subjects.decision_wildcard(r.cluster))
+        sub = await r.bus.subscribe(subjects.decision_wildcard(r.cluster))
         trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
         scores = await prioritize(r, headers={"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"})
         await observe_binding(r, pod_json(), top(scores))

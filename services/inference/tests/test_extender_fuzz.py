@@ -385,7 +385,7 @@ WORST = [
 
 async def test_the_worst_over_real_http_leave_the_service_deciding(nats_url):
     async with running(nats_url, extender_budget_ms=2000) as r:
-        got = await r.bus.nc.subscribe(subjects.decision_wildcard(r.cluster))
+        got = await r.bus.subscribe(subjects.decision_wildcard(r.cluster))
         for verb, data, status in WORST:
             resp = await r.client.post(f"/ext/{verb}", content=data, headers={"Content-Type": "application/json"})
             assert resp.status_code == status, (verb, data[:60], resp.text[:300])
@@ -399,6 +399,6 @@ async def test_the_worst_over_real_http_leave_the_service_deciding(nats_url):
         assert any(d.namespace == "n" * 4100 for d in seen)  # published, under a hashed subject token
         # NATS kept the connection (a 4,100-character namespace once made a subject the server refused): a round
         # trip after those publishes finds it never dropped
-        await r.rt.bus.nc.flush()
+        await r.rt.bus.flush()
         assert r.rt.bus.is_connected and r.rt.bus.nc.stats["reconnects"] == 0
         assert (await r.client.get("/healthz")).status_code == 200

@@ -33,7 +33,7 @@ from agmarl_testing.extender import LOADED, observe_binding, pod_json, prioritiz
 async def test_rollout_modes(nats_url, mode, pod, expect):
     async with running(nats_url, rollout_mode=mode, canary_namespaces=["team-canary"],
                        canary_label_selector="canary=true") as r:
-        sub = await r.bus.nc.subscribe(subjects.decision_wildcard(r.cluster))
+        sub = await r.bus.subscribe(subjects.decision_wildcard(r.cluster))
         scores = await prioritize(r, pod)
         await observe_binding(r, pod, top(scores))  # the decision is logged once its binding is known
         decision = m.decode(m.Decision, (await sub.next_msg(timeout=3)).data)

@@ -109,7 +109,7 @@ async def test_paths_health_and_unknown_verbs(nats_url):
 
 async def test_filter_fails_unknown_and_infeasible_nodes_with_reasons(nats_url):
     async with running(nats_url) as r:
-        sub = await r.bus.nc.subscribe(subjects.decision_wildcard(r.cluster))
+        sub = await r.bus.subscribe(subjects.decision_wildcard(r.cluster))
         resp = await r.client.post("/filter", json={"Pod": pod_json(cpu="21"), "NodeNames": ["node-0", LOADED, "ghost"]})
         out = resp.json()
         assert out["NodeNames"] == ["node-0"]
