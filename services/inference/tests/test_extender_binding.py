@@ -128,7 +128,10 @@ async def test_the_log_node_equals_the_binding_for_every_pod_with_random_tie_bre
     reports bindings in batches of 5, late): every logged node is the binding, one trace per pod, and
     the view's pods per node equal the bindings."""
     binder, rng = RecordingBinder(), random.Random(7)
-    async with running(nats_url, model="kube-default", binder=binder) as r:
+    # a budget no pause reaches: with the default 100 ms, a pause (likely a collection) after the library's tests
+    # (run before this file in one process) made p25's prioritize answer from default scores (state_timeout),
+    # logged unbound: right for the extender, not what this test is about (fallbacks: test_extender_fallbacks.py)
+    async with running(nats_url, model="kube-default", binder=binder, extender_budget_ms=2000) as r:
         exporter = InMemorySpanExporter()
         r.rt.tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
         sub = await r.bus.subscribe(subjects.decision_wildcard(r.cluster))
