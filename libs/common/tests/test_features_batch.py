@@ -20,9 +20,9 @@ from agmarl_common.core.cluster.filters import feasible_nodes
 from agmarl_common.core.cluster.model import GPU_MILLI, MAX_GPUS, ClusterState, Node, Pod, bind, choose_gpus, unbind_at
 import agmarl_common.core.features as features_module
 from agmarl_common.core.features import pairs as pairs_module
-from agmarl_common.core.features import (CPU_SCALE, F_EDGE, FRAG_SCALE, GPU_SCALE, FeatureContext,
-                                    build_graph, identical_pods, pair_features, pair_features_batch, placement_frag,
-                                    placement_frag_many, pod_edges, pod_feature_key, pod_features)
+from agmarl_common.core.features import (CPU_SCALE, F_EDGE, FRAG_SCALE, GPU_SCALE, FeatureContext, ShapeMemo,
+                                    build_graph, current_memos, identical_pods, pair_features, pair_features_batch,
+                                    placement_frag, placement_frag_many, pod_edges, pod_feature_key, pod_features)
 from agmarl_common.core.policies.rewardaware import RewardAwarePolicy
 from agmarl_common.core.sim import traces
 from agmarl_common.core.sim.fragmentation import pod_shape, state_frag, target_workload
@@ -240,6 +240,35 @@ def test_placement_frag_many_equals_placement_frag_shape_by_shape():
     for (sh, rows), (after, dev) in zip(jobs, placement_frag_many(jobs, state, access, access_class, target)):
         want_after, want_dev = placement_frag(sh, state, rows, access[rows], target)
         assert dev.tobytes() == want_dev.tobytes() and after.tobytes() == want_after.tobytes()
+
+
+def test_the_fragmentation_memo_keeps_every_shape_when_its_tables_grow(monkeypatch):
+    """``ShapeMemo`` doubles its (S, n) tables when a new shape finds them full: the rows written before stay, and
+    ``current_memos`` over jobs whose shapes make the tables grow (twice here) returns the views of the grown tables,
+    each equal to ``placement_frag`` of its shape bit for bit, and a second call recomputes nothing."""
+    rng = np.random.default_rng(7)
+    state = fill(rng, ClusterState.empty(random_nodes(rng, 30)), 60, "fill")
+    target = target_workload([random_pod(rng, f"t{k}") for k in range(200)])
+    access = target.accessible(state.gpu_model)
+    access_class = np.unique(access, axis=0, return_inverse=True)[1].reshape(-1)
+    shapes = sorted({pod_shape(random_pod(rng, f"s{k}")) for k in range(40)})[:7]
+    assert len(shapes) == 7
+    version, frag = np.ones(state.n_nodes, np.int64), np.zeros(state.n_nodes)
+    memo = ShapeMemo(state.n_nodes, capacity=2)
+    (first,) = current_memos(memo, [(shapes[0], None)], state, version, frag, access, access_class, target)
+    kept = first[2].copy()
+    entries = current_memos(memo, [(sh, None) for sh in shapes], state, version, frag, access, access_class, target)
+    assert memo.ver.shape == (8, state.n_nodes)  # 2 -> 4 -> 8
+    rows = np.arange(state.n_nodes)
+    for sh, (ver, delta, after, dev) in zip(shapes, entries):
+        want_after, want_dev = placement_frag(sh, state, rows, access, target)
+        assert after.tobytes() == want_after.tobytes() and dev.tobytes() == want_dev.tobytes()
+        assert (ver == 1).all() and delta.tobytes() == (want_after - frag).tobytes()
+    assert entries[0][2].tobytes() == kept.tobytes()
+    calls, real = [], pairs_module.placement_frag_flat
+    monkeypatch.setattr(pairs_module, "placement_frag_flat", lambda *a, **k: calls.append(1) or real(*a, **k))
+    current_memos(memo, [(sh, None) for sh in shapes], state, version, frag, access, access_class, target)
+    assert calls == []
 
 
 def test_placement_frag_many_reads_kept_free_resources_and_single_rows_exactly():

@@ -42,8 +42,8 @@ from agmarl_common.core.cluster.model import GPU_MILLI, MAX_GPUS, ClusterState, 
 from agmarl_common.core.features.edges import POD_HALF, RACK_HALF, ZONE_HALF, node_edges, pod_edges  # noqa: F401
 from agmarl_common.core.features.nodes import node_feature_rows, node_order_keys  # noqa: F401  (re-exported)
 from agmarl_common.core.features.pairs import (  # noqa: F401  (pair inputs: re-exported, part of this module's API)
-    CPU_SCALE, EDGE_FEATURES, F_EDGE, FRAG_SCALE, GPU_SCALE, MEM_SCALE, OBJECTIVES, check_objective, current_memos,
-    gpu_left, objective_gains, objective_state, placement_frag, placement_frag_many, shape_jobs)
+    CPU_SCALE, EDGE_FEATURES, F_EDGE, FRAG_SCALE, GPU_SCALE, MEM_SCALE, OBJECTIVES, ShapeMemo, check_objective,
+    current_memos, gpu_left, objective_gains, objective_state, placement_frag, placement_frag_many, shape_jobs)
 from agmarl_common.core.sim.fragmentation import TargetWorkload, pod_shape, target_workload
 
 ROW_MEMOS = 64  # (pod shape, cpu) entries ``FeatureContext.pair_rows`` keeps (each (n, F_EDGE) float32); then the
@@ -97,8 +97,9 @@ class FeatureContext:
     the node's usage arrays differ from the snapshot it was computed from. The snapshot holds the usage
     arrays of the last state seen (``ClusterState`` is immutable: ``bind``/``unbind`` make new arrays), and
     the same arrays again mean no change. Each row has a version, bumped when it changes; the
-    fragmentation memo of each pod shape, and the one-pod path's pair rows of each (pod shape, cpu)
-    (``pair_rows``), record the version their rows were computed at.
+    fragmentation memo of each pod shape (a ``ShapeMemo``), and the one-pod path's pair rows of each (pod shape,
+    cpu) (``pair_rows``; a row of the ``_row_ver`` / ``_row_x`` tables per entry), record the version their rows
+    were computed at: tables, so that ``warm`` checks and writes the rows of many shapes in one operation.
     """
 
     target: TargetWorkload
@@ -113,8 +114,10 @@ class FeatureContext:
     _edges: np.ndarray | None = None
     _version: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (n,) bumped when a row changes
     _terms: dict = field(default_factory=dict)  # per-node terms the pair features read, (n,) or (n, G) each
-    _pairs: dict = field(default_factory=dict)  # pod shape -> (row version, delta, after, device), (n,) each
-    _rows: dict = field(default_factory=dict)  # (pod shape, cpu) -> (row version (n,), pair rows (n, F_EDGE))
+    _pairs: ShapeMemo = field(default_factory=lambda: ShapeMemo(0))  # the fragmentation memo, per pod shape
+    _rows: dict = field(default_factory=dict)  # (pod shape, cpu) -> its row in _row_ver / _row_x
+    _row_ver: np.ndarray = field(default_factory=lambda: np.zeros((ROW_MEMOS, 0), np.int64))  # (ROW_MEMOS, n)
+    _row_x: np.ndarray = field(default_factory=lambda: np.zeros((ROW_MEMOS, 0, F_EDGE), np.float32))  # pair rows
     _uses: dict = field(default_factory=dict)  # (pod shape, cpu) -> [pods scored by ``pair_rows``, the last of them]
     _warmed: np.ndarray | None = None  # the row versions ``warm`` last brought its entries up to
     _shape_prob: dict = field(default_factory=dict)
@@ -143,8 +146,10 @@ class FeatureContext:
                        "cpu_free": z.copy(), "mem_free": z.copy(), "gpu_idle": z.copy(), "whole_free": z.copy(),
                        "empty": np.zeros(n, bool), "gpu_left": np.zeros((n, MAX_GPUS), np.int64)}
         self._edges = None
-        self._pairs = {}
+        self._pairs = ShapeMemo(n)
         self._rows = {}
+        self._row_ver = np.full((ROW_MEMOS, n), -1, np.int64)
+        self._row_x = np.zeros((ROW_MEMOS, n, F_EDGE), np.float32)  # pages touched as rows are filled
         self._uses = {}
         self._warmed = None
 
@@ -256,15 +261,18 @@ class FeatureContext:
         use = self._uses.setdefault(key, [0, pod])
         use[0] += 1
         use[1] = pod
-        if key not in self._rows:
+        slot = self._rows.get(key)
+        if slot is None:
             if len(self._rows) >= ROW_MEMOS:  # the least scored entry makes room (the first kept of equals)
-                del self._rows[min(self._rows, key=lambda k: self._uses[k][0])]
-            self._rows[key] = (np.full(state.n_nodes, -1, np.int64), np.zeros((state.n_nodes, F_EDGE), np.float32))
-        ver, rows = self._rows[key]
-        stale = idx[ver[idx] != self._version[idx]]
+                slot = self._rows.pop(min(self._rows, key=lambda k: self._uses[k][0]))
+            else:
+                slot = len(self._rows)
+            self._rows[key] = slot
+            self._row_ver[slot] = -1
+        stale = idx[self._row_ver[slot, idx] != self._version[idx]]
         if stale.size:
-            self._fill_rows([(key, pod, stale)])
-        return rows[idx], memo[3][idx]
+            self._fill_rows([key], [pod], np.zeros(stale.size, np.int64), stale)
+        return self._row_x[slot, idx], memo[3][idx]
 
     def warm(self, state: ClusterState, keys: int = WARM_SHAPES) -> list[tuple]:
         """Bring the fragmentation memo and the memoised pair rows of the ``keys`` (pod shape, cpu) entries
@@ -281,40 +289,33 @@ class FeatureContext:
         top = sorted(self._uses.items(), key=lambda kv: -kv[1][0])[:keys]  # stable: ties keep first-scored order
         top = [(key, use[1]) for key, use in top if key in self._rows]  # an entry dropped with a full memo: not here
         before, self._warmed = self._warmed, self._version.copy()
-        idx = None if before is None else np.flatnonzero(self._version != before)
-        if not top or (idx is not None and idx.size == 0):
+        idx = np.arange(state.n_nodes) if before is None else np.flatnonzero(self._version != before)
+        if not top or idx.size == 0:
             return [key for key, _ in top]
-        shapes = list(dict.fromkeys(key[0] for key, _ in top))
-        self._memos([(shape, idx) for shape in shapes], state)  # the fragmentation memos the rows read
-        entries = []
-        for key, pod in top:
-            ver = self._rows[key][0]
-            rows = np.flatnonzero(ver != self._version) if idx is None else idx[ver[idx] != self._version[idx]]
-            if rows.size:
-                entries.append((key, pod, rows))
-        if entries:
-            self._fill_rows(entries)
+        version = self._version[idx]
+        # the fragmentation memos the rows read: every stale (shape, node) cell at once
+        shapes = [self._pairs.slot(shape) for shape in dict.fromkeys(key[0] for key, _ in top)]
+        si, ri = np.nonzero(self._pairs.ver[np.ix_(shapes, idx)] != version)
+        self._pairs.update(shapes, si, idx[ri], state, self._version, self._frag, self._access, self._access_class,
+                           self.target, (self._terms["cpu_free"], self._terms["gpu_left"]))
+        # then every stale (entry, node) pair row at once
+        ei, ri = np.nonzero(self._row_ver[np.ix_([self._rows[key] for key, _ in top], idx)] != version)
+        if ei.size:
+            self._fill_rows([key for key, _ in top], [pod for _, pod in top], ei, idx[ri])
         return [key for key, _ in top]
 
-    def _fill_rows(self, entries: list[tuple[tuple, Pod, np.ndarray]]) -> None:
-        """Compute the memoised pair rows of each entry ((pod shape, cpu) key, a pod of it, node rows), all in one
-        ``_pair_columns`` pass, from each shape's fragmentation memo (current on those rows), and mark them
-        current. The columns go in as float64 (bools as 0.0 / 1.0) and are cast to float32 on assignment."""
-        def cat(arrays: list[np.ndarray]) -> np.ndarray:
-            return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-
-        stale = [rows for _, _, rows in entries]
-        memos = [self._pairs[key[0]] for key, _, _ in entries]
-        delta, after, dev = (cat([m[j][rows] for m, rows in zip(memos, stale)]) for j in (1, 2, 3))
-        pod_of = np.repeat(np.arange(len(entries)), [rows.size for rows in stale])
-        block = np.column_stack(_pair_columns([pod for _, pod, _ in entries], pod_of, cat(stale), self._terms,
-                                              delta, after, dev))
-        end = 0
-        for (key, _, _), rows in zip(entries, stale):
-            ver, out = self._rows[key]
-            out[rows, :block.shape[1]] = block[end:end + rows.size]
-            ver[rows] = self._version[rows]
-            end += rows.size
+    def _fill_rows(self, keys: list[tuple], pods: list[Pod], pod_of: np.ndarray, rows: np.ndarray) -> None:
+        """Compute the memoised pair rows (entry ``keys[pod_of[e]]``, a (pod shape, cpu) entry of ``_rows``, node
+        ``rows[e]``), with ``pods[j]`` a pod of entry j, all in one ``_pair_columns`` pass, from the fragmentation
+        memo (current on those cells), and mark them current. The columns go in as float64 (bools as 0.0 / 1.0)
+        and are cast to float32 on assignment."""
+        memo = self._pairs
+        cells = np.array([memo.slots[key[0]] for key in keys], np.int64)[pod_of]
+        block = np.column_stack(_pair_columns(pods, pod_of, rows, self._terms, memo.delta[cells, rows],
+                                              memo.after[cells, rows], memo.dev[cells, rows]))
+        slots = np.array([self._rows[key] for key in keys], np.int64)[pod_of]
+        self._row_x[slots, rows, :block.shape[1]] = block
+        self._row_ver[slots, rows] = self._version[rows]
 
     def _memos(self, jobs: list[tuple[tuple, np.ndarray | None]], state: ClusterState) -> list[tuple[np.ndarray, ...]]:
         """``current_memos`` of ``jobs`` in this context's memo (after ``_refresh``)."""

@@ -3,7 +3,7 @@
 ``placement_frag_many`` gives the FGD fragmentation amount after placing pod shapes on nodes (and, for a
 GPU share, the device leaving the least); ``placement_frag`` is the same for one shape, written plainly
 (the reference the batched form is tested against). ``FeatureContext`` (``agmarl_common.core.features``)
-memoises them per pod shape and node usage through ``shape_jobs`` and ``current_memos``.
+memoises them per pod shape and node usage in a ``ShapeMemo`` (through ``shape_jobs`` and ``current_memos``).
 ``objective_gains`` is the ``reward_gain`` column. ``features.pair_features_batch`` builds the ``cand_attr``
 rows (``EDGE_FEATURES``) from these. The row scales shared by node, pod and pair rows live here too. Pure
 numpy; every public name is re-exported by ``agmarl_common.core.features``.
@@ -96,7 +96,23 @@ def placement_frag_many(jobs: Sequence[tuple[tuple, np.ndarray]], state: Cluster
     sizes = [len(r) for _, r in jobs]
     rows = np.concatenate([np.asarray(r, np.int64) for _, r in jobs])
     sid = np.repeat(np.arange(len(jobs)), sizes)
-    shp = np.array([sh[:3] for sh, _ in jobs], np.int64).reshape(-1, 3)  # (jobs, cpu milli num)
+    best, dev = placement_frag_flat(shape_requests([sh for sh, _ in jobs]), sid, rows, state, access, access_class,
+                                    target, free)
+    ends = np.cumsum(sizes).tolist()
+    return [(best[end - size:end], dev[end - size:end]) for size, end in zip(sizes, ends)]  # np.split, cheaper
+
+
+def shape_requests(shapes: Sequence[tuple]) -> np.ndarray:
+    """(S, 3) int64: the cpu milli, GPU milli and GPU count of each pod shape (``pod_shape``)."""
+    return np.array([sh[:3] for sh in shapes], np.int64).reshape(-1, 3)
+
+
+def placement_frag_flat(shp: np.ndarray, sid: np.ndarray, rows: np.ndarray, state: ClusterState, access: np.ndarray,
+                        access_class: np.ndarray, target: TargetWorkload,
+                        free: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``placement_frag_many`` of flat pairs: pair e places a pod of shape ``shp[sid[e]]`` (``shape_requests``)
+    on node ``rows[e]``; returns ((E,) fragmentation after, (E,) device). A row's result does not depend on the
+    other pairs (bit for bit)."""
     if free is None:
         cpu_left, left = state.cpu_cap[rows] - state.cpu_used[rows], gpu_left(state, rows)
     else:
@@ -141,9 +157,7 @@ def placement_frag_many(jobs: Sequence[tuple[tuple, np.ndarray]], state: Cluster
         take = free & (np.cumsum(free, axis=1) <= num[rest][:, None]) & (milli[rest] > 0)[:, None]
         after_left[take] = 0  # whole GPUs: the lowest-index free devices
         best[rest] = node_frag_amount(u_cpu[rest], after_left, u_acc[rest], target)
-    best, dev = best[inv], dev[inv]
-    ends = np.cumsum(sizes).tolist()
-    return [(best[end - size:end], dev[end - size:end]) for size, end in zip(sizes, ends)]  # np.split, cheaper
+    return best[inv], dev[inv]
 
 
 def shape_jobs(pods: Sequence[Pod], idx: np.ndarray, pod_of: np.ndarray,
@@ -162,32 +176,79 @@ def shape_jobs(pods: Sequence[Pod], idx: np.ndarray, pod_of: np.ndarray,
     return jobs, flat
 
 
-def current_memos(memo: dict, jobs: list[tuple[tuple, np.ndarray | None]], state: ClusterState, version: np.ndarray,
-                  frag: np.ndarray, access: np.ndarray, access_class: np.ndarray, target: TargetWorkload,
+class ShapeMemo:
+    """The fragmentation memo: per pod shape and node, (row version, delta, after, device) of placing a pod of
+    that shape on that node, held as rows of (S, n) tables (one row per shape, in first-seen order) so that many
+    shapes' rows are checked and written in one numpy operation. ``entry(shape)`` gives the shape's four (n,)
+    arrays (views of its rows); a version -1 is a row never computed."""
+
+    def __init__(self, n: int, capacity: int = 16) -> None:
+        self.n = n
+        self.slots: dict[tuple, int] = {}
+        self.shapes: list[tuple] = []
+        self.ver = np.full((capacity, n), -1, np.int64)
+        self.delta = np.zeros((capacity, n))
+        self.after = np.zeros((capacity, n))
+        self.dev = np.full((capacity, n), -1, np.int64)
+
+    def slot(self, shape: tuple) -> int:
+        """The shape's row in the tables (a new one the first time; the tables double when full)."""
+        s = self.slots.get(shape)
+        if s is None:
+            s = self.slots[shape] = len(self.shapes)
+            self.shapes.append(shape)
+            if s == self.ver.shape[0]:
+                grow = s  # doubled: a table per shape ever seen, as the dict of arrays it replaces
+                self.ver = np.concatenate([self.ver, np.full((grow, self.n), -1, np.int64)])
+                self.delta = np.concatenate([self.delta, np.zeros((grow, self.n))])
+                self.after = np.concatenate([self.after, np.zeros((grow, self.n))])
+                self.dev = np.concatenate([self.dev, np.full((grow, self.n), -1, np.int64)])
+        return s
+
+    def entry(self, shape: tuple) -> tuple[np.ndarray, ...]:
+        s = self.slot(shape)
+        return self.ver[s], self.delta[s], self.after[s], self.dev[s]
+
+    def update(self, job_slots: Sequence[int], sid: np.ndarray, rows: np.ndarray, state: ClusterState,
+               version: np.ndarray, frag: np.ndarray, access: np.ndarray, access_class: np.ndarray,
+               target: TargetWorkload, free: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """Compute the cells (shape row ``job_slots[sid[e]]``, node ``rows[e]``) in one ``placement_frag_flat``
+        pass and mark them current at ``version`` (``frag``: each node's fragmentation now)."""
+        if not rows.size:
+            return
+        a, d = placement_frag_flat(shape_requests([self.shapes[s] for s in job_slots]), sid, rows, state, access,
+                                   access_class, target, free)
+        slots = np.asarray(job_slots, np.int64)[sid]
+        self.after[slots, rows], self.dev[slots, rows] = a, d
+        self.delta[slots, rows] = a - frag[rows]
+        self.ver[slots, rows] = version[rows]
+
+
+def current_memos(memo: ShapeMemo, jobs: list[tuple[tuple, np.ndarray | None]], state: ClusterState,
+                  version: np.ndarray, frag: np.ndarray, access: np.ndarray, access_class: np.ndarray,
+                  target: TargetWorkload,
                   free: tuple[np.ndarray, np.ndarray] | None = None) -> list[tuple[np.ndarray, ...]]:
     """The memo entry (row version, delta, after, device; (n,) arrays) of each job's pod shape, made current
     on the job's nodes (``None``: every node): a row is recomputed when its version differs from ``version``
     (the caller bumps a node's version when its usage changes; ``frag`` (n,) is each node's current
-    fragmentation). All stale
-    rows go through one ``placement_frag_many`` (``free``: the current free cpu and devices of every node,
-    when the caller keeps them). ``memo`` (pod shape -> entry) is updated in place."""
-    n = state.n_nodes
-    memos, todo = [], []
+    fragmentation). All stale rows go through one ``ShapeMemo.update`` (``free``: the current free cpu and
+    devices of every node, when the caller keeps them)."""
+    for shape, _ in jobs:  # every shape's row first: a table that grows leaves earlier views behind
+        memo.slot(shape)
+    memos, job_slots, stale = [], [], []
     for shape, idx in jobs:
-        if shape not in memo:
-            memo[shape] = (np.full(n, -1, np.int64), np.zeros(n), np.zeros(n), np.full(n, -1, np.int64))
-        entry = memo[shape]
+        entry = memo.entry(shape)
         rows = np.flatnonzero(entry[0] != version) if idx is None else idx[entry[0][idx] != version[idx]]
         memos.append(entry)
         if rows.size:
-            todo.append((shape, rows, entry))
-    if todo:
-        results = placement_frag_many([(sh, rows) for sh, rows, _ in todo], state, access, access_class, target, free)
-        for (_, rows, entry), (a, d) in zip(todo, results):
-            ver, delta, after, dev = entry
-            after[rows], dev[rows] = a, d
-            delta[rows] = a - frag[rows]
-            ver[rows] = version[rows]
+            job_slots.append(memo.slots[shape])
+            stale.append(rows)
+    if len(stale) == 1:
+        memo.update(job_slots, np.zeros(stale[0].size, np.int64), stale[0], state, version, frag, access,
+                    access_class, target, free)
+    elif stale:
+        memo.update(job_slots, np.repeat(np.arange(len(stale)), [rows.size for rows in stale]), np.concatenate(stale),
+                    state, version, frag, access, access_class, target, free)
     return memos
 
 
