@@ -271,6 +271,52 @@ def test_the_fragmentation_memo_keeps_every_shape_when_its_tables_grow(monkeypat
     assert calls == []
 
 
+def test_a_full_fragmentation_memo_gives_the_least_recently_used_shape_row_to_a_new_one():
+    """Past ``limit`` shapes a new shape takes the row of the shape used least recently (rows computed again give
+    the same bits), never one handed out in the same call: a call with more shapes than the limit grows the tables."""
+    rng = np.random.default_rng(8)
+    state = fill(rng, ClusterState.empty(random_nodes(rng, 25)), 50, "fill")
+    target = target_workload([random_pod(rng, f"t{k}") for k in range(200)])
+    access = target.accessible(state.gpu_model)
+    access_class = np.unique(access, axis=0, return_inverse=True)[1].reshape(-1)
+    a, b, c, d, e = sorted({pod_shape(random_pod(rng, f"s{k}")) for k in range(40)})[:5]
+    version, frag, rows = np.ones(state.n_nodes, np.int64), np.zeros(state.n_nodes), np.arange(state.n_nodes)
+    memo = ShapeMemo(state.n_nodes, capacity=4, limit=3)
+
+    def current(*shapes):
+        return current_memos(memo, [(sh, None) for sh in shapes], state, version, frag, access, access_class, target)
+
+    for sh in (a, b, c, a):  # b is now the least recently used
+        current(sh)
+    current(d)
+    assert set(memo.slots) == {a, c, d} and memo.ver.shape[0] == 4
+    entries = current(a, b, c, d, e)  # five in one call: nothing of this call is taken, the tables grow
+    assert set(memo.slots) == {a, b, c, d, e} and memo.ver.shape[0] == 8
+    for sh, (_, _, after, dev) in zip((a, b, c, d, e), entries):
+        want_after, want_dev = placement_frag(sh, state, rows, access, target)
+        assert after.tobytes() == want_after.tobytes() and dev.tobytes() == want_dev.tobytes()
+
+
+def test_a_context_that_meets_ever_new_pod_shapes_holds_a_bounded_memo_and_the_same_rows(monkeypatch):
+    """A service meets new pod shapes for ever: with room for 2 shapes and 3 counted entries the context holds no
+    more, keeps counting the entries whose rows it memoises, and gives the oracle's rows bit for bit."""
+    monkeypatch.setattr(pairs_module, "MEMO_SHAPES", 2)
+    monkeypatch.setattr(features_module, "USES_KEPT", 3)
+    monkeypatch.setattr(features_module, "ROW_MEMOS", 2)
+    rng = np.random.default_rng(9)
+    state = fill(rng, ClusterState.empty(random_nodes(rng, 20)), 30, "fill")
+    target = target_workload([random_pod(rng, f"t{k}") for k in range(50)])
+    context = FeatureContext(target)
+    for k in range(12):
+        pod = random_pod(rng, f"p{k}")
+        cand = feasible_nodes(pod, state)
+        assert_same_pairs(*pair_features(pod, state, cand, context), *oracle_pairs(pod, state, cand, target))
+        assert len(context._pairs.slots) <= 2 and len(context._uses) <= 3 and set(context._rows) <= set(context._uses)
+        context.warm(state)
+        if k % 3 == 2:
+            state = fill(rng, state, 2, f"more{k}")
+
+
 def test_placement_frag_many_reads_kept_free_resources_and_single_rows_exactly():
     """``free`` (what ``FeatureContext`` keeps) gives the same bits as recomputing it, and a job of one row
     (no deduplication) the same as ``placement_frag`` of that row."""

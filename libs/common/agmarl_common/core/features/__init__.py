@@ -48,6 +48,7 @@ from agmarl_common.core.sim.fragmentation import TargetWorkload, pod_shape, targ
 
 ROW_MEMOS = 64  # (pod shape, cpu) entries ``FeatureContext.pair_rows`` keeps (each (n, F_EDGE) float32); then the
 # least scored makes room
+USES_KEPT = 256  # (pod shape, cpu) entries whose use ``FeatureContext`` counts (a service meets new ones for ever)
 WARM_SHAPES = 32  # (pod shape, cpu) entries ``FeatureContext.warm`` keeps current: the most scored (openb: 94 %)
 
 NODE_FEATURES = (
@@ -118,7 +119,7 @@ class FeatureContext:
     _rows: dict = field(default_factory=dict)  # (pod shape, cpu) -> its row in _row_ver / _row_x
     _row_ver: np.ndarray = field(default_factory=lambda: np.zeros((ROW_MEMOS, 0), np.int64))  # (ROW_MEMOS, n)
     _row_x: np.ndarray = field(default_factory=lambda: np.zeros((ROW_MEMOS, 0, F_EDGE), np.float32))  # pair rows
-    _uses: dict = field(default_factory=dict)  # (pod shape, cpu) -> [pods scored by ``pair_rows``, the last of them]
+    _uses: dict = field(default_factory=dict)  # (pod shape, cpu) -> [pods ``pair_rows`` scored, the last]; <= USES_KEPT
     _warmed: np.ndarray | None = None  # the row versions ``warm`` last brought its entries up to
     _shape_prob: dict = field(default_factory=dict)
 
@@ -258,7 +259,13 @@ class FeatureContext:
         shape = pod_shape(pod)
         (memo,) = self._memos([(shape, idx)], state)
         key = (shape, pod.cpu_milli)
-        use = self._uses.setdefault(key, [0, pod])
+        use = self._uses.get(key)
+        if use is None:
+            if len(self._uses) >= USES_KEPT:  # the least scored entry without memoised rows is forgotten
+                drop = min((k for k in self._uses if k not in self._rows), key=lambda k: self._uses[k][0], default=None)
+                if drop is not None:
+                    del self._uses[drop]
+            use = self._uses[key] = [0, pod]
         use[0] += 1
         use[1] = pod
         slot = self._rows.get(key)
@@ -294,6 +301,7 @@ class FeatureContext:
             return [key for key, _ in top]
         version = self._version[idx]
         # the fragmentation memos the rows read: every stale (shape, node) cell at once
+        self._pairs.begin()
         shapes = [self._pairs.slot(shape) for shape in dict.fromkeys(key[0] for key, _ in top)]
         si, ri = np.nonzero(self._pairs.ver[np.ix_(shapes, idx)] != version)
         self._pairs.update(shapes, si, idx[ri], state, self._version, self._frag, self._access, self._access_class,

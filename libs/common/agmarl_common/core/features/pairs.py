@@ -176,33 +176,58 @@ def shape_jobs(pods: Sequence[Pod], idx: np.ndarray, pod_of: np.ndarray,
     return jobs, flat
 
 
+MEMO_SHAPES = 256  # pod shapes a ``ShapeMemo`` holds (4 float64 / int64 values per node each); then the least recently
+# used makes room
+
+
 class ShapeMemo:
     """The fragmentation memo: per pod shape and node, (row version, delta, after, device) of placing a pod of
-    that shape on that node, held as rows of (S, n) tables (one row per shape, in first-seen order) so that many
-    shapes' rows are checked and written in one numpy operation. ``entry(shape)`` gives the shape's four (n,)
-    arrays (views of its rows); a version -1 is a row never computed."""
+    that shape on that node, held as rows of (S, n) tables (one row per shape) so that many shapes' rows are
+    checked and written in one numpy operation. ``entry(shape)`` gives the shape's four (n,) arrays (views of its
+    rows); a version -1 is a row never computed.
 
-    def __init__(self, n: int, capacity: int = 16) -> None:
+    A long-running service meets new pod shapes for ever: past ``limit`` shapes, a new one takes the row of the
+    shape used least recently (its rows are computed again if it comes back: the same values). A row handed out
+    since the last ``begin`` is never taken, so the views one call holds stay its own (the tables grow instead)."""
+
+    def __init__(self, n: int, capacity: int = 16, limit: int | None = None) -> None:
         self.n = n
+        self.limit = MEMO_SHAPES if limit is None else limit
         self.slots: dict[tuple, int] = {}
         self.shapes: list[tuple] = []
         self.ver = np.full((capacity, n), -1, np.int64)
         self.delta = np.zeros((capacity, n))
         self.after = np.zeros((capacity, n))
         self.dev = np.full((capacity, n), -1, np.int64)
+        self.used = np.zeros(capacity, np.int64)  # the round each row was last handed out in
+        self.round = 1
+
+    def begin(self) -> None:
+        """A new round of use: rows handed out before it may be taken by new shapes."""
+        self.round += 1
 
     def slot(self, shape: tuple) -> int:
-        """The shape's row in the tables (a new one the first time; the tables double when full)."""
+        """The shape's row in the tables (a new one the first time: the tables double when full, up to ``limit``
+        shapes; past it, the row of the shape used least recently, unless every row was used this round)."""
         s = self.slots.get(shape)
         if s is None:
-            s = self.slots[shape] = len(self.shapes)
-            self.shapes.append(shape)
-            if s == self.ver.shape[0]:
-                grow = s  # doubled: a table per shape ever seen, as the dict of arrays it replaces
-                self.ver = np.concatenate([self.ver, np.full((grow, self.n), -1, np.int64)])
-                self.delta = np.concatenate([self.delta, np.zeros((grow, self.n))])
-                self.after = np.concatenate([self.after, np.zeros((grow, self.n))])
-                self.dev = np.concatenate([self.dev, np.full((grow, self.n), -1, np.int64)])
+            if len(self.shapes) >= self.limit and int(self.used[:len(self.shapes)].min()) < self.round:
+                s = int(np.argmin(self.used[:len(self.shapes)]))  # the least recently used: its rows are dropped
+                del self.slots[self.shapes[s]]
+                self.shapes[s] = shape
+                self.ver[s] = -1
+            else:
+                s = len(self.shapes)
+                self.shapes.append(shape)
+                if s == self.ver.shape[0]:
+                    grow = s  # doubled
+                    self.ver = np.concatenate([self.ver, np.full((grow, self.n), -1, np.int64)])
+                    self.delta = np.concatenate([self.delta, np.zeros((grow, self.n))])
+                    self.after = np.concatenate([self.after, np.zeros((grow, self.n))])
+                    self.dev = np.concatenate([self.dev, np.full((grow, self.n), -1, np.int64)])
+                    self.used = np.concatenate([self.used, np.zeros(grow, np.int64)])
+            self.slots[shape] = s
+        self.used[s] = self.round
         return s
 
     def entry(self, shape: tuple) -> tuple[np.ndarray, ...]:
@@ -233,6 +258,7 @@ def current_memos(memo: ShapeMemo, jobs: list[tuple[tuple, np.ndarray | None]], 
     (the caller bumps a node's version when its usage changes; ``frag`` (n,) is each node's current
     fragmentation). All stale rows go through one ``ShapeMemo.update`` (``free``: the current free cpu and
     devices of every node, when the caller keeps them)."""
+    memo.begin()
     for shape, _ in jobs:  # every shape's row first: a table that grows leaves earlier views behind
         memo.slot(shape)
     memos, job_slots, stale = [], [], []
