@@ -304,8 +304,7 @@ class FeatureContext:
         self._pairs.begin()
         shapes = [self._pairs.slot(shape) for shape in dict.fromkeys(key[0] for key, _ in top)]
         si, ri = np.nonzero(self._pairs.ver[np.ix_(shapes, idx)] != version)
-        self._pairs.update(shapes, si, idx[ri], state, self._version, self._frag, self._access, self._access_class,
-                           self.target, (self._terms["cpu_free"], self._terms["gpu_left"]))
+        self._pairs.update(shapes, si, idx[ri], state, *self._memo_inputs())
         # then every stale (entry, node) pair row at once
         ei, ri = np.nonzero(self._row_ver[np.ix_([self._rows[key] for key, _ in top], idx)] != version)
         if ei.size:
@@ -327,8 +326,13 @@ class FeatureContext:
 
     def _memos(self, jobs: list[tuple[tuple, np.ndarray | None]], state: ClusterState) -> list[tuple[np.ndarray, ...]]:
         """``current_memos`` of ``jobs`` in this context's memo (after ``_refresh``)."""
-        return current_memos(self._pairs, jobs, state, self._version, self._frag, self._access, self._access_class,
-                             self.target, (self._terms["cpu_free"], self._terms["gpu_left"]))
+        return current_memos(self._pairs, jobs, state, *self._memo_inputs())
+
+    def _memo_inputs(self) -> tuple:
+        """What the fragmentation memo's rows are computed from (after ``_refresh``): (row versions, node
+        fragmentation, access rows, access classes, target, (free cpu, free milli per device))."""
+        return (self._version, self._frag, self._access, self._access_class, self.target,
+                (self._terms["cpu_free"], self._terms["gpu_left"]))
 
 
 # ---------------------------------------------------------------------------------------------

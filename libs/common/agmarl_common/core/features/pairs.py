@@ -211,8 +211,9 @@ class ShapeMemo:
         shapes; past it, the row of the shape used least recently, unless every row was used this round)."""
         s = self.slots.get(shape)
         if s is None:
-            if len(self.shapes) >= self.limit and int(self.used[:len(self.shapes)].min()) < self.round:
-                s = int(np.argmin(self.used[:len(self.shapes)]))  # the least recently used: its rows are dropped
+            lru = int(np.argmin(self.used[:len(self.shapes)])) if len(self.shapes) >= self.limit else -1
+            if lru >= 0 and self.used[lru] < self.round:  # the least recently used shape's rows are dropped
+                s = lru
                 del self.slots[self.shapes[s]]
                 self.shapes[s] = shape
                 self.ver[s] = -1
@@ -230,8 +231,8 @@ class ShapeMemo:
         self.used[s] = self.round
         return s
 
-    def entry(self, shape: tuple) -> tuple[np.ndarray, ...]:
-        s = self.slot(shape)
+    def entry(self, s: int) -> tuple[np.ndarray, ...]:
+        """The four (n,) arrays of row ``s`` (views: valid until the tables grow)."""
         return self.ver[s], self.delta[s], self.after[s], self.dev[s]
 
     def update(self, job_slots: Sequence[int], sid: np.ndarray, rows: np.ndarray, state: ClusterState,
@@ -259,22 +260,20 @@ def current_memos(memo: ShapeMemo, jobs: list[tuple[tuple, np.ndarray | None]], 
     fragmentation). All stale rows go through one ``ShapeMemo.update`` (``free``: the current free cpu and
     devices of every node, when the caller keeps them)."""
     memo.begin()
-    for shape, _ in jobs:  # every shape's row first: a table that grows leaves earlier views behind
-        memo.slot(shape)
+    slots = [memo.slot(shape) for shape, _ in jobs]  # every shape's row first: a table that grows leaves views behind
     memos, job_slots, stale = [], [], []
-    for shape, idx in jobs:
-        entry = memo.entry(shape)
+    for s, (_, idx) in zip(slots, jobs):
+        entry = memo.entry(s)
         rows = np.flatnonzero(entry[0] != version) if idx is None else idx[entry[0][idx] != version[idx]]
         memos.append(entry)
         if rows.size:
-            job_slots.append(memo.slots[shape])
+            job_slots.append(s)
             stale.append(rows)
-    if len(stale) == 1:
-        memo.update(job_slots, np.zeros(stale[0].size, np.int64), stale[0], state, version, frag, access,
+    if stale:
+        one = len(stale) == 1  # the live path: one pod, one shape (no repeat, no concatenation)
+        sid = np.zeros(stale[0].size, np.int64) if one else np.repeat(np.arange(len(stale)), [r.size for r in stale])
+        memo.update(job_slots, sid, stale[0] if one else np.concatenate(stale), state, version, frag, access,
                     access_class, target, free)
-    elif stale:
-        memo.update(job_slots, np.repeat(np.arange(len(stale)), [rows.size for rows in stale]), np.concatenate(stale),
-                    state, version, frag, access, access_class, target, free)
     return memos
 
 
