@@ -183,8 +183,8 @@ MEMO_SHAPES = 256  # pod shapes a ``ShapeMemo`` holds (4 float64 / int64 values 
 class ShapeMemo:
     """The fragmentation memo: per pod shape and node, (row version, delta, after, device) of placing a pod of
     that shape on that node, held as rows of (S, n) tables (one row per shape) so that many shapes' rows are
-    checked and written in one numpy operation. ``entry(shape)`` gives the shape's four (n,) arrays (views of its
-    rows); a version -1 is a row never computed.
+    checked and written in one numpy operation. ``entry(slot(shape))`` gives the shape's four (n,) arrays (views
+    of its rows); a version -1 is a row never computed.
 
     A long-running service meets new pod shapes for ever: past ``limit`` shapes, a new one takes the row of the
     shape used least recently (its rows are computed again if it comes back: the same values). A row handed out
