@@ -31,10 +31,11 @@ proto: $(STAMP)
 	$(PY) tools/gen_proto.py
 
 # A real kube-apiserver + kube-scheduler v1.36 (docs/kube-real.md): builds them into .state/kube/bin (needs the
-# Go module proxy and an etcd: apt-get install -y etcd-server), then the end-to-end test. Not part of `test`.
+# Go module proxy and an etcd: apt-get install -y etcd-server), then the end-to-end test against them. `make test`
+# runs the same test against v1.20.2 built from Debian's source (tools/kube/build_debian.py) when bin/ is empty.
 kube-e2e: $(STAMP)
 	PYTHON=$(PY) tools/kube/build.sh
-	$(PY) -m pytest -q tools/kube/test_real_kube.py
+	$(PY) -m pytest -q tests/e2e/test_real_kube.py
 
 clean:
 	rm -rf .state .pytest_cache

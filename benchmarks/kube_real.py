@@ -1,5 +1,5 @@
-"""AGMARL-DKS against a REAL kube-apiserver and kube-scheduler v1.36 (tools/kube/build.sh builds them;
-tools/kube/control_plane.py runs them on loopback). docs/kube-real.md has the figures and the commands.
+"""AGMARL-DKS against a REAL kube-apiserver and kube-scheduler (v1.36 from tools/kube/build.sh, or v1.20.2 from
+tools/kube/build_debian.py; tools/kube/control_plane.py runs them on loopback). docs/kube-real.md has the figures and the commands.
 
     .venv/bin/python benchmarks/kube_real.py [--nodes 100] [--pods 2000] \
         [--modes alone,hybrid,full,batch,hybrid-kill] [--json OUT.json]
@@ -172,9 +172,24 @@ class BindingWatch:
         self.deadline = deadline
         self.stopped = threading.Event()
         self.errors: list[str] = []
-        rv = self.api.list_namespaced_pod(NAMESPACE).metadata.resource_version
+        self.relists = 0
+        rv = self._relist()
         self.thread = threading.Thread(target=self._run, args=(rv,), daemon=True)
         self.thread.start()
+
+    def _record(self, obj: Any, at: float) -> None:
+        if obj.spec and obj.spec.node_name:
+            with self.lock:
+                self.bound.setdefault(f"{obj.metadata.namespace}/{obj.metadata.name}", (obj.spec.node_name, at))
+
+    def _relist(self) -> str:
+        """Every bound pod the list shows (a binding a broken watch missed is counted now, at this time) and the
+        resourceVersion to watch from."""
+        pods = self.api.list_namespaced_pod(NAMESPACE)
+        now = time.monotonic()
+        for obj in pods.items:
+            self._record(obj, now)
+        return pods.metadata.resource_version
 
     def _run(self, rv: str) -> None:
         from kubernetes import watch
@@ -186,17 +201,21 @@ class BindingWatch:
                                    timeout_seconds=max(1, min(30, int(self.deadline - time.monotonic()))),
                                    allow_watch_bookmarks=True):
                     obj = ev["object"]
+                    if ev["type"] == "ERROR":  # a Status (a dict), e.g. 410 Gone: relist and watch again
+                        raise RuntimeError(f"watch ERROR event: {str(obj)[:160]}")
+                    if ev["type"] == "BOOKMARK":  # the client leaves it a dict: only its resourceVersion counts
+                        rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                        continue
                     rv = obj.metadata.resource_version or rv
-                    if ev["type"] in ("ADDED", "MODIFIED") and obj.spec and obj.spec.node_name:
-                        key = f"{obj.metadata.namespace}/{obj.metadata.name}"
-                        with self.lock:
-                            self.bound.setdefault(key, (obj.spec.node_name, time.monotonic()))
+                    if ev["type"] in ("ADDED", "MODIFIED"):
+                        self._record(obj, time.monotonic())
                     if self.stopped.is_set():
                         break
             except Exception as exc:  # noqa: BLE001 - a watch expiring (410): relist and go on
                 self.errors.append(str(exc)[:200])
                 with contextlib.suppress(Exception):
-                    rv = self.api.list_namespaced_pod(NAMESPACE).metadata.resource_version
+                    rv = self._relist()
+                    self.relists += 1
             finally:
                 w.stop()
 
@@ -372,6 +391,7 @@ def run_mode(mode: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 report["wall_s"] = round(last_bound - first, 2)
                 report["pods_per_s"] = round(len(bound) / max(last_bound - first, 1e-9), 1)
             report["watch_errors"] = watch.errors[:3]
+            report["watch_relists"] = watch.relists  # bindings counted from a relist carry its time
 
             # the API server's view: bindings and requests per node
             api = cp.core_api()
@@ -487,6 +507,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kube_real: {exc}", file=sys.stderr)
         return 2
     run = Path(args.work) / time.strftime("%Y%m%d-%H%M%S")
+
+    def stop(signum: int, _frame: Any) -> None:  # SIGTERM (and SIGINT, ignored in a background job) end the run the
+        raise KeyboardInterrupt(f"signal {signum}")  # way Ctrl-C does: every mode's finally ends what it started
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     reports = []
     for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
         print(f"--- {mode}", flush=True)

@@ -2,7 +2,7 @@
 sum requests per node, read kube-scheduler's metrics) run end to end against a small fake API server,
 with the rig's process management replaced: it checks the benchmark's use of the official client
 (creates, list + watch with resourceVersion, node status patch) and its report, not Kubernetes. The real
-thing is tools/kube/test_real_kube.py (`make kube-e2e`)."""
+thing is tests/e2e/test_real_kube.py."""
 
 from __future__ import annotations
 
@@ -65,7 +65,9 @@ class FakeApi:
                 segs = path.strip("/").split("/")
                 with api.lock:
                     obj.setdefault("metadata", {})["resourceVersion"] = str(next(api.rv))
-                    if segs[-1] == "nodes":
+                    if segs[-1] == "nodes":  # as the TaintNodesByCondition admission plugin does
+                        obj.setdefault("spec", {})["taints"] = [{"key": "node.kubernetes.io/not-ready",
+                                                                 "effect": "NoSchedule"}]
                         api.nodes[obj["metadata"]["name"]] = obj
                     elif segs[-1] == "pods":
                         obj["metadata"]["namespace"] = segs[3]
@@ -82,7 +84,12 @@ class FakeApi:
                 name = path.strip("/").split("/")[3]
                 patch = self._body()
                 with api.lock:
-                    api.nodes[name]["status"] = patch["status"]
+                    if path.endswith("/status"):
+                        api.nodes[name]["status"] = patch["status"]
+                    else:  # the node's spec: a merge patch (null removes a field)
+                        spec = api.nodes[name].setdefault("spec", {})
+                        for key, value in patch["spec"].items():
+                            spec.pop(key, None) if value is None else spec.__setitem__(key, value)
                 self._send(200, api.nodes[name])
 
             def do_GET(self):  # noqa: N802
@@ -95,17 +102,22 @@ class FakeApi:
                                             "items": items})
                 ns = url.path.strip("/").split("/")[3]
                 if q.get("watch") in ("true", "1"):
-                    return self._watch(ns, int(q.get("resourceVersion") or 0), float(q.get("timeoutSeconds") or 5))
+                    return self._watch(ns, int(q.get("resourceVersion") or 0), float(q.get("timeoutSeconds") or 5),
+                                       q.get("allowWatchBookmarks") in ("true", "1"))
                 with api.lock:
                     items = [p for k, p in api.pods.items() if k.startswith(ns + "/")]
                     rv = str(max([e[0] for e in api.events] or [1]))
                 self._send(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": rv}, "items": items})
 
-            def _watch(self, ns, since, timeout):
+            def _watch(self, ns, since, timeout, bookmarks):
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
+                if bookmarks:  # as kube-apiserver sends them: an object with only its kind and resourceVersion
+                    mark = {"kind": "Pod", "apiVersion": "v1", "metadata": {"resourceVersion": str(since)}}
+                    line = json.dumps({"type": "BOOKMARK", "object": mark}).encode() + b"\n"
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
                 deadline = time.monotonic() + min(timeout, 5)
                 while time.monotonic() < deadline and not api.stop.is_set():
                     with api.lock:
@@ -190,6 +202,7 @@ def test_kube_real_alone_flow_against_a_fake_api(tmp_path, monkeypatch):
     finally:
         fake.close()
     assert r["every_pod_bound"] and r["bound"] == r["bound_api"] == 40, r
+    assert r["watch_errors"] == [] and r["watch_relists"] == 0, r  # bookmarks included
     assert r["pods_per_s"] > 0 and r["create_errors"] == [], r
     assert (r["max_pods_per_node"], r["min_pods_per_node"], r["nodes_used"]) == (10, 10, 4)
     # 10 pods x 100m = 1 CPU = allocatable: full, not over; 10 x 128Mi = 1.25Gi > 1Gi: memory over on all four
@@ -200,6 +213,10 @@ def test_kube_real_alone_flow_against_a_fake_api(tmp_path, monkeypatch):
     written = yaml.safe_load(config.read_text())
     assert "extenders" not in written and written["profiles"][0]["schedulerName"] == "agmarl-scheduler"
     # the nodes were made Ready through the status subresource, with a patch type the API server accepts
-    patches = [ct for method, path, ct in fake.requests if method == "PATCH"]
+    patches = [ct for method, path, ct in fake.requests if method == "PATCH" and path.endswith("/status")]
     assert len(patches) == 4 and set(patches) == {"application/strategic-merge-patch+json"}
     assert all(n["status"]["conditions"][0]["type"] == "Ready" for n in fake.nodes.values())
+    # and their not-ready taint removed, as the node lifecycle controller would (a merge patch of the spec)
+    spec_patches = [(path, ct) for method, path, ct in fake.requests if method == "PATCH" and not path.endswith("/status")]
+    assert sorted(spec_patches) == [(f"/api/v1/nodes/node-{i:03d}", "application/merge-patch+json") for i in range(4)]
+    assert all("taints" not in n.get("spec", {}) for n in fake.nodes.values())

@@ -2,7 +2,7 @@
 run without kube-apiserver: certificates and kubeconfigs (checked with the official client against a TLS
 server that demands the client certificate), the scheduler configurations the rig derives from the
 shipped ones, etcd under the rig (when an etcd binary is installed), and the benchmark's arithmetic.
-tools/kube/test_real_kube.py runs the whole thing against the real binaries (`make kube-e2e`)."""
+tests/e2e/test_real_kube.py runs the whole thing against the real binaries."""
 
 from __future__ import annotations
 
@@ -114,6 +114,35 @@ def test_scheduler_config_changes_only_kubeconfig_and_extender_url(mode):
     assert {k: v for k, v in out["clientConnection"].items() if k != "kubeconfig"} == shipped["clientConnection"]
     alone = rig.rewrite_scheduler_config(shipped, "/x/k", None)  # kube-scheduler alone: same profile, no extender
     assert "extenders" not in alone and alone["profiles"] == shipped["profiles"]
+
+
+@pytest.mark.parametrize("mode", sorted(rig.SHIPPED_CONFIGS))
+def test_scheduler_config_for_kube_1_20_is_v1beta1_with_the_same_profile_and_no_open_port(mode):
+    shipped = yaml.safe_load(rig.SHIPPED_CONFIGS[mode].read_text())
+    assert rig.scheduler_config_for(shipped, (1, 36)) == shipped  # a v1 scheduler reads it as shipped
+    out = rig.scheduler_config_for(shipped, (1, 20), insecure_port=4321)
+    assert out["apiVersion"] == "kubescheduler.config.k8s.io/v1beta1"
+    # 1.20's plain-HTTP health / metrics port: loopback only, never 0.0.0.0:10251
+    assert out["healthzBindAddress"] == out["metricsBindAddress"] == "127.0.0.1:4321"
+    # the same score plugins and weights, NodeResourcesFit under its 1.20 name
+    def names(c):
+        return [(p["name"], p["weight"]) for p in c["profiles"][0]["plugins"]["score"]["enabled"]]
+    renamed = [("NodeResourcesLeastAllocated" if n == "NodeResourcesFit" else n, w) for n, w in names(shipped)]
+    assert names(out) == renamed
+    assert ("NodeResourcesFit", 1) in names(shipped)
+    changed = ("apiVersion", "profiles", "healthzBindAddress", "metricsBindAddress")
+    same = lambda c: {k: v for k, v in c.items() if k not in changed}  # noqa: E731
+    assert same(out) == same(shipped) and out["extenders"] == shipped["extenders"]
+    assert shipped["apiVersion"] == "kubescheduler.config.k8s.io/v1"  # the input is not changed in place
+    for version in ((1, 23), (1, 18), (2, 0)):  # a configuration API the rig does not know: said, not guessed
+        with pytest.raises(rig.RigError, match="configuration API"):
+            rig.scheduler_config_for(shipped, version)
+
+
+def test_an_old_apiserver_gets_its_insecure_port_closed():
+    assert rig.apiserver_version_flags((1, 20)) == ["--insecure-port=0"]
+    assert rig.apiserver_version_flags((1, 23)) == ["--insecure-port=0"]
+    assert rig.apiserver_version_flags((1, 24)) == [] and rig.apiserver_version_flags((1, 36)) == []
 
 
 def test_rig_starts_and_ends_etcd_by_pid(tmp_path):

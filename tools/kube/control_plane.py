@@ -1,7 +1,8 @@
 """A real Kubernetes control plane on loopback for benchmarks and end-to-end tests (not shipped).
 
-etcd (temp data dir), kube-apiserver and kube-scheduler (built by ``tools/kube/build.sh`` into
-``.state/kube/bin``) as child processes of this one, each ended by its PID; N Node objects made Ready
+etcd (temp data dir), kube-apiserver and kube-scheduler (v1.36 built by ``tools/kube/build.sh``, or v1.20.2 by
+``tools/kube/build_debian.py``, into ``.state/kube/bin``; ``scheduler_config_for`` and ``apiserver_version_flags``
+adapt to the version) as child processes of this one, each ended by its PID; N Node objects made Ready
 through the status subresource (there is no kubelet: bound pods keep phase Pending with ``spec.nodeName``).
 
 Security, even on loopback: the API server serves TLS with a certificate of a CA made here (the
@@ -30,6 +31,7 @@ import http.client
 import ipaddress
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -190,6 +192,57 @@ def rewrite_scheduler_config(config: dict[str, Any], kubeconfig_path: str | Path
     return out
 
 
+# The shipped configurations are ``kubescheduler.config.k8s.io/v1`` (kube-scheduler >= 1.25). An older
+# kube-scheduler (v1.20.2, built from Debian's source by tools/kube/build_debian.sh) reads v1beta1, whose score
+# plugin for the resources' "least allocated" strategy is NodeResourcesLeastAllocated (NodeResourcesFit was a
+# filter only; its scoringStrategy came in v1beta2): the same plugins, weights and extenders otherwise.
+V1BETA1_MINORS = range(19, 22)
+V1BETA1_SCORE_NAMES = {"NodeResourcesFit": "NodeResourcesLeastAllocated"}
+
+
+def scheduler_config_for(config: dict[str, Any], version: tuple[int, int], insecure_port: int = 0
+                         ) -> dict[str, Any]:
+    """A shipped (v1) KubeSchedulerConfiguration in the API version kube-scheduler ``version`` (major, minor)
+    reads: unchanged from 1.25 on; for 1.19-1.21 ``v1beta1`` with the score plugins renamed as above (a
+    v1 field v1beta1 does not know fails kube-scheduler's strict decoding, so nothing is dropped silently).
+    Other versions: RigError."""
+    major, minor = version
+    if major != 1 or not (minor >= 25 or minor in V1BETA1_MINORS):
+        raise RigError(f"kube-scheduler v{major}.{minor}: the rig knows the configuration API of 1.19-1.21 "
+                       "(v1beta1) and >= 1.25 (v1)")
+    out = json.loads(json.dumps(config))
+    if minor >= 25:
+        return out
+    if out.get("apiVersion") != "kubescheduler.config.k8s.io/v1":
+        raise RigError(f"expected a kubescheduler.config.k8s.io/v1 configuration, got {out.get('apiVersion')}")
+    out["apiVersion"] = "kubescheduler.config.k8s.io/v1beta1"
+    # v1beta1 serves healthz and metrics over plain HTTP on 0.0.0.0:10251 by default. With --config, the --port flag
+    # does not close it, an empty address is replaced by that default and port 0 fails validation: so it is
+    # bound to loopback, on a free port (read-only health and metrics, no API; 1.23 removed this port)
+    out["healthzBindAddress"] = out["metricsBindAddress"] = f"127.0.0.1:{insecure_port or free_port()}"
+    for profile in out.get("profiles") or []:
+        score = (profile.get("plugins") or {}).get("score") or {}
+        for key in ("enabled", "disabled"):
+            for plugin in score.get(key) or []:
+                plugin["name"] = V1BETA1_SCORE_NAMES.get(plugin["name"], plugin["name"])
+    return out
+
+
+def binary_version(path: str | Path) -> tuple[int, int]:
+    """(major, minor) of a Kubernetes binary (``Kubernetes v1.20.2`` from ``--version``)."""
+    out = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=60)
+    found = re.search(r"v(\d+)\.(\d+)", out.stdout + out.stderr)
+    if not found:
+        raise RigError(f"{path} --version: no version in {out.stdout!r}")
+    return int(found.group(1)), int(found.group(2))
+
+
+def apiserver_version_flags(version: tuple[int, int]) -> list[str]:
+    """Flags a kube-apiserver of ``version`` needs beyond the rig's own: before 1.24 it has an unauthenticated HTTP
+    port (``--insecure-port``, 8080 by default before 1.20), closed here whatever the version's default."""
+    return ["--insecure-port=0"] if version < (1, 24) else []
+
+
 # ---------------------------------------------------------------------------------------------------
 # Processes
 
@@ -231,7 +284,7 @@ def find_binaries(bin_dir: Path = DEFAULT_BIN, etcd: str | None = None) -> dict[
     for name in ("kube-apiserver", "kube-scheduler"):
         path = Path(bin_dir) / name
         if not os.access(path, os.X_OK):
-            raise RigError(f"{path} missing: run tools/kube/build.sh (docs/kube-real.md)")
+            raise RigError(f"{path} missing: run tools/kube/build.sh or tools/kube/build_debian.py (docs/kube-real.md)")
         found[name] = str(path)
     candidates = [etcd] if etcd else [str(Path(bin_dir) / "etcd"), shutil.which("etcd") or ""]
     for c in candidates:
@@ -261,6 +314,7 @@ class ControlPlane:
         self.etcd_data: Path | None = None
         self._created_etcd_data = False
         self.bins: dict[str, str] = {}
+        self.versions: dict[str, tuple[int, int]] = {}  # kube-apiserver, kube-scheduler: (major, minor)
 
     # -- lifecycle --------------------------------------------------------------------------------
     def __enter__(self) -> "ControlPlane":
@@ -287,6 +341,7 @@ class ControlPlane:
     def start(self, timeout: float = 120.0) -> "ControlPlane":
         try:
             self.bins = find_binaries(self.bin_dir, self.etcd_bin)
+            self.versions = {name: binary_version(self.bins[name]) for name in ("kube-apiserver", "kube-scheduler")}
             self.state_dir.mkdir(parents=True, exist_ok=True)
             self.pki.make()
             etcd_port = self.start_etcd(timeout)
@@ -344,7 +399,8 @@ class ControlPlane:
             f"--service-account-issuer={ISSUER}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--endpoint-reconciler-type=none",  # no kubelets or peers to reconcile
-            "--profiling=false", f"--v={self.verbosity}"])
+            "--profiling=false", f"--v={self.verbosity}",
+            *apiserver_version_flags(self.versions.get("kube-apiserver", (1, 99)))])
         ctx = self.pki.ssl_context("admin")
 
         def ready() -> bool:
@@ -361,9 +417,12 @@ class ControlPlane:
 
     def scheduler_config(self, shipped: str | Path, extender_url: str | None, name: str = "") -> Path:
         """Writes the shipped config with only the kubeconfig (this rig's scheduler identity) and the extender
-        URL changed (None: no extender) and returns its path."""
+        URL changed (None: no extender), in the API version this kube-scheduler reads (``scheduler_config_for``),
+        and returns its path."""
         config = yaml.safe_load(Path(shipped).read_text())
         out = rewrite_scheduler_config(config, self.scheduler_kubeconfig, extender_url)
+        if "kube-scheduler" in self.versions:
+            out = scheduler_config_for(out, self.versions["kube-scheduler"])
         path = self.state_dir / f"scheduler-config{('-' + name) if name else ''}.yaml"
         path.write_text(yaml.safe_dump(out, sort_keys=False))
         return path
@@ -474,6 +533,9 @@ class ControlPlane:
                              "bootID": "", "containerRuntimeVersion": "", "kernelVersion": "", "kubeProxyVersion": "",
                              "machineID": "", "osImage": "", "systemUUID": ""}}}
             api.patch_node_status(name, status, _content_type="application/strategic-merge-patch+json")
+            # the TaintNodesByCondition admission plugin gives every new Node node.kubernetes.io/not-ready:NoSchedule;
+            # the node lifecycle controller (kube-controller-manager, not run here) removes it once the node is Ready
+            api.patch_node(name, {"spec": {"taints": None}}, _content_type="application/merge-patch+json")
         return names
 
 

@@ -115,10 +115,10 @@ class Binder(Protocol):
 
 @dataclass
 class PendingDecision:
-    """A scored decision waiting for its binding (published then, with ``bound_node``)."""
+    """A decision waiting for its binding (published then, with ``bound_node``)."""
 
     pod: Pod
-    node: str  # the extender's choice (assumed in the view)
+    node: str  # the extender's choice (assumed in the view); "" for a neutral answer
     build: Callable[[str], m.Decision]  # bound node -> the decision
     ctx: Any  # OpenTelemetry context of the pod's trace
     at: float  # time.time() of the answer
@@ -430,27 +430,36 @@ class ExtenderService:
                 self.metrics.decisions.labels(policy=policy.name, mode=mode, source="extender",
                                               result="fallback" if fallback else "scored").inc()
                 self._hold(pod, req.state, int(cand[int(np.argmax(blended))]), build, span, held is None)
-            else:  # nothing to score: cache cold, a failure, or no candidate passes the hard filter here
-                build = lambda: self._bare(pod, span, seen_at, decided_at, policy.name, version, mode, {  # noqa: E731
-                    "verb": "prioritize", "returned": kind, "fallback": fallback, "candidates": 0,
-                    "reason": fallback or "no candidate passes the hard filter in the extender's view"})
-                self._record(build, "fallback" if fallback else "unschedulable", policy.name, mode, span)
+            else:  # nothing to score: cache cold, a failure, or no candidate passes the hard filter here. The
+                # answer is neutral and kube-scheduler still binds by its own scores: the entry waits for that
+                # binding like a scored one (else the log would call unschedulable a pod that was bound)
+                why = {"verb": "prioritize", "returned": kind, "fallback": fallback, "candidates": 0,
+                       "reason": fallback or "no candidate passes the hard filter in the extender's view"}
+                build = lambda bound: self._bare(pod, span, seen_at, decided_at, policy.name, version,  # noqa: E731
+                                                 mode, why)
+                self.metrics.decisions.labels(policy=policy.name, mode=mode, source="extender",
+                                              result="fallback" if fallback else "unschedulable").inc()
+                self._hold(pod, None, None, build, span)
             span.set_attribute("agmarl.fallback", fallback)
             span.set_attribute("agmarl.returned", kind)
         return scores
 
     # --- assumed choices and their bindings ---------------------------------------------------------
 
-    def _hold(self, pod: Pod, state: ClusterState, i: int, build: Callable[[str], m.Decision], span: trace.Span,
-              cheap: bool = True) -> None:
+    def _hold(self, pod: Pod, state: ClusterState | None, i: int | None, build: Callable[[str], m.Decision],
+              span: trace.Span, cheap: bool = True) -> None:
         """Assume the chosen node ``i`` in the view (on the event loop: the view's one owner) and hold the
-        decision until its binding is known."""
-        view, node = self.cache, state.nodes[i].name
+        decision until its binding is known. ``state`` None: nothing was chosen (a neutral answer), nothing is
+        assumed; the decision still waits for the binding kube-scheduler makes by its own scores."""
+        view = self.cache
         view.forget(pod.key)  # a retry: the earlier assumption (if any) is replaced
-        gpus = self.source.default.choose_gpus(pod, state, i)
         now = time.time()
-        if gpus is not None:
-            view.assume(pod, node, gpus, now)
+        node = ""
+        if state is not None and i is not None:
+            node = state.nodes[i].name
+            gpus = self.source.default.choose_gpus(pod, state, i)
+            if gpus is not None:
+                view.assume(pod, node, gpus, now)
         self.pending.pop(pod.key, None)  # a retry supersedes the earlier answer (never bound)
         self.pending[pod.key] = PendingDecision(pod, node, build, trace.set_span_in_context(span), now, cheap)
         if len(self.pending) > MAX_PENDING:

@@ -84,6 +84,21 @@ async def test_bind_confirms_the_node_kube_scheduler_chose_and_logs_it(nats_url)
         assert await decisions_of(sub, 1, timeout=0.5) == {}
 
 
+async def test_a_neutral_answer_is_logged_with_the_binding_kube_scheduler_made(nats_url):
+    # no time left: prioritize answers neutral (state_timeout) and kube-scheduler binds by its own scores. Found
+    # against a real kube-scheduler: such pods were logged "(unschedulable)" at once although they were bound
+    async with running(nats_url, model="kube-default", extender_budget_ms=0) as r:
+        sub = await r.bus.subscribe(subjects.decision_wildcard(r.cluster))
+        scores = await prioritize(r, pod_json("a"))
+        assert r.fallbacks("state_timeout") == 1 and len(set(scores.values())) == 1
+        assert not r.ext.view.is_assumed("default/a")  # nothing was chosen, nothing is assumed
+        assert await decisions_of(sub, 1, timeout=0.5) == {}  # held until the binding is known
+        await observe_binding(r, pod_json("a"), LOADED)
+        decision = (await decisions_of(sub, 1))["default/a"]
+        assert decision.bound_node == decision.node == LOADED and decision.explanation["binding"] == "watch"
+        assert decision.explanation["fallback"] == "state_timeout" and decision.explanation["returned"] == "neutral"
+
+
 async def test_a_failed_bind_gives_the_assumption_back(nats_url):
     class FailingBinder(RecordingBinder):
         def bind(self, namespace, name, uid, node):
