@@ -106,6 +106,27 @@ def node_usage(pods: list[dict[str, Any]], nodes: dict[str, dict[str, str]]) -> 
             "stdev_pods_per_node": round(statistics.pstdev(counts), 2) if len(counts) > 1 else 0.0}
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid`` so far (/proc/<pid>/stat), None when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+
+
+def cpu_ms_per_pod(before: dict[str, tuple[int, float | None]], after: dict[str, tuple[int, float | None]],
+                   pods: int) -> dict[str, float]:
+    """Per process (name -> (pid, CPU seconds) at the window's start and end): its CPU in the window per pod, ms;
+    a process that is not the same PID at both ends (killed, restarted) is left out."""
+    out = {}
+    for name, (pid, c0) in before.items():
+        pid1, c1 = after.get(name, (None, None))
+        if pid1 == pid and c0 is not None and c1 is not None and pods:
+            out[name] = round(1000.0 * (c1 - c0) / pods, 2)
+    return out
+
+
 def parse_decisions(text: str) -> dict[str, list[str]]:
     """``agmarl decisions tail`` output -> pod key -> the nodes its log entries name, in order."""
     out: dict[str, list[str]] = {}
@@ -370,6 +391,13 @@ def run_mode(mode: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 killer = threading.Thread(target=kill_inference_at, args=(up, watch, args.pods // 3, deadline, report),
                                           daemon=True)
                 killer.start()
+            procs = {c.name: c.pid for c in cp.children if not c.name.startswith("kube-scheduler")}
+            procs.update({"kube-scheduler": sched.pid} if sched is not None and sched.pid else {})
+            info = (up.run_info() or {}) if up is not None else {}
+            procs.update({k: v for k, v in (info.get("pids") or {}).items() if v})
+            procs.update({"nats-server": info["nats_pid"]} if info.get("nats_pid") else {})
+            procs["benchmark"] = os.getpid()
+            cpu0 = {k: (pid, cpu_seconds(pid)) for k, pid in procs.items()}
             first, last_create, errors = create_pods(cp, names, scheduler_name, args.cpu, args.memory,
                                                      args.create_threads, deadline)
             report["create_s"] = round(last_create - first, 2)
@@ -381,9 +409,13 @@ def run_mode(mode: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
                                "every pod bound", interval=0.1,
                                alive=(lambda: sched.dead() if sched else None))
             watch.stop()
+            cpu1 = {k: (pid, cpu_seconds(pid)) for k, pid in procs.items()}
             if killer:
                 killer.join(timeout=5)
             bound = dict(watch.bound)
+            # where the CPU went while the pods were created and bound (the benchmark includes its creating
+            # threads and its watch), per pod
+            report["cpu_ms_per_pod"] = cpu_ms_per_pod(cpu0, cpu1, len(bound))
             report["bound"] = len(bound)
             report["every_pod_bound"] = len(bound) == len(names)
             if bound:

@@ -204,6 +204,8 @@ def test_kube_real_alone_flow_against_a_fake_api(tmp_path, monkeypatch):
     assert r["every_pod_bound"] and r["bound"] == r["bound_api"] == 40, r
     assert r["watch_errors"] == [] and r["watch_relists"] == 0, r  # bookmarks included
     assert r["pods_per_s"] > 0 and r["create_errors"] == [], r
+    # CPU per pod of every process there was (the rig's are replaced here: only the benchmark's own)
+    assert set(r["cpu_ms_per_pod"]) == {"benchmark"} and r["cpu_ms_per_pod"]["benchmark"] > 0, r
     assert (r["max_pods_per_node"], r["min_pods_per_node"], r["nodes_used"]) == (10, 10, 4)
     # 10 pods x 100m = 1 CPU = allocatable: full, not over; 10 x 128Mi = 1.25Gi > 1Gi: memory over on all four
     assert {(o["node"], o["resource"]) for o in r["overcommitted_nodes"]} == {(f"node-{i:03d}", "mem") for i in range(4)}
