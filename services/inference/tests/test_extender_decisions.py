@@ -17,7 +17,7 @@ from agmarl_common.runtime import subjects
 from agmarl_common.runtime.bus import MSG_ID_HEADER
 from agmarl_inference.extender_scoring import Scored, blend_weights, explain, returned_kind, to_extender_scores
 from agmarl_inference.http import load_binder
-from agmarl_testing.extender import SAMPLES, observe_binding, pod_json, prioritize, running, top
+from agmarl_testing.extender import SAMPLES, observe_binding, pod_json, prioritize, running, top, until
 
 
 # --- decision log and trace ------------------------------------------------------------------------
@@ -48,6 +48,38 @@ async def test_decision_log_entry_carries_the_request_trace(nats_url):
         # the entry is in the JetStream decision log
         info = await r.bus.js.stream_info(subjects.DECISIONS.name, subjects_filter=subjects.decision_wildcard(r.cluster))
         assert info.state.messages >= 2
+
+
+async def test_the_model_explains_a_decision_on_the_state_it_scored_before_the_binding_is_known(nats_url):
+    # the learned model's explanation is computed right after its scores, on the request's own state (explained
+    # when the binding arrived, it ran on an older state than the next request's and recomputed the caches)
+    async with running(nats_url, rollout_mode="hybrid") as r:
+        from agmarl_common.serving.modelstore import local_dir
+        from agmarl_common.serving.onnx_model import OnnxModelPolicy
+
+        policy = OnnxModelPolicy.from_dir(local_dir("default"))
+        calls: list[tuple[str, int]] = []
+        score, explain_fn = policy.score, policy.explain
+
+        def spy_score(pod, state, cand):
+            calls.append(("score", id(state)))
+            return score(pod, state, cand)
+
+        def spy_explain(pod, state, cand, top=3):
+            calls.append(("explain", id(state)))
+            return explain_fn(pod, state, cand, top=top)
+
+        policy.score, policy.explain = spy_score, spy_explain
+        r.app.policy = policy
+        sub = await r.bus.subscribe(subjects.decision_wildcard(r.cluster))
+        scores = await prioritize(r, pod_json("e"))
+        await until(lambda: len(calls) == 2, "the explanation was computed")
+        assert [c[0] for c in calls] == ["score", "explain"] and calls[0][1] == calls[1][1]  # same state object
+        await observe_binding(r, pod_json("e"), top(scores))
+        decision = m.decode(m.Decision, (await sub.next_msg(timeout=5)).data)
+        model = decision.explanation["model"]
+        assert "error" not in model and model, model
+        assert decision.bound_node == top(scores) and len(calls) == 2  # nothing recomputed for the entry
 
 
 def test_explain_and_score_helpers():
