@@ -1,5 +1,6 @@
 """AGMARL-DKS against a REAL kube-apiserver and kube-scheduler (v1.36 from tools/kube/build.sh, or v1.20.2 from
-tools/kube/build_debian.py; tools/kube/control_plane.py runs them on loopback). docs/kube-real.md has the figures and the commands.
+tools/kube/build_debian.py; tools/kube/control_plane.py runs them on loopback). docs/kube-real.md has the figures
+and the commands.
 
     .venv/bin/python benchmarks/kube_real.py [--nodes 100] [--pods 2000] \
         [--modes alone,hybrid,full,batch,hybrid-kill] [--json OUT.json]
@@ -45,6 +46,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools" / "kube"))
 import control_plane as rig  # noqa: E402 - tools/kube is not a package (not shipped)
+
+from agmarl_cli.monitor import cpu_used, process_cpu_seconds  # noqa: E402 - after the rig's path
 
 AGMARL = str(Path(sys.executable).with_name("agmarl"))
 EXTENDER_SCHEDULER = "agmarl-scheduler"  # deploy/k8s overlays' profile
@@ -104,27 +107,6 @@ def node_usage(pods: list[dict[str, Any]], nodes: dict[str, dict[str, str]]) -> 
     return {"per_node": per, "overcommitted": over, "max_pods_per_node": max(counts),
             "min_pods_per_node": min(counts),
             "stdev_pods_per_node": round(statistics.pstdev(counts), 2) if len(counts) > 1 else 0.0}
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of process ``pid`` so far (/proc/<pid>/stat), None when it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
-
-
-def cpu_ms_per_pod(before: dict[str, tuple[int, float | None]], after: dict[str, tuple[int, float | None]],
-                   pods: int) -> dict[str, float]:
-    """Per process (name -> (pid, CPU seconds) at the window's start and end): its CPU in the window per pod, ms;
-    a process that is not the same PID at both ends (killed, restarted) is left out."""
-    out = {}
-    for name, (pid, c0) in before.items():
-        pid1, c1 = after.get(name, (None, None))
-        if pid1 == pid and c0 is not None and c1 is not None and pods:
-            out[name] = round(1000.0 * (c1 - c0) / pods, 2)
-    return out
 
 
 def parse_decisions(text: str) -> dict[str, list[str]]:
@@ -397,7 +379,7 @@ def run_mode(mode: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
             procs.update({k: v for k, v in (info.get("pids") or {}).items() if v})
             procs.update({"nats-server": info["nats_pid"]} if info.get("nats_pid") else {})
             procs["benchmark"] = os.getpid()
-            cpu0 = {k: (pid, cpu_seconds(pid)) for k, pid in procs.items()}
+            cpu0 = process_cpu_seconds(procs)
             first, last_create, errors = create_pods(cp, names, scheduler_name, args.cpu, args.memory,
                                                      args.create_threads, deadline)
             report["create_s"] = round(last_create - first, 2)
@@ -409,13 +391,14 @@ def run_mode(mode: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
                                "every pod bound", interval=0.1,
                                alive=(lambda: sched.dead() if sched else None))
             watch.stop()
-            cpu1 = {k: (pid, cpu_seconds(pid)) for k, pid in procs.items()}
+            cpu1 = process_cpu_seconds(procs)
             if killer:
                 killer.join(timeout=5)
             bound = dict(watch.bound)
             # where the CPU went while the pods were created and bound (the benchmark includes its creating
             # threads and its watch), per pod
-            report["cpu_ms_per_pod"] = cpu_ms_per_pod(cpu0, cpu1, len(bound))
+            report["cpu_ms_per_pod"] = {k: round(1000.0 * v / len(bound), 2)
+                                        for k, v in cpu_used(cpu0, cpu1).items()} if bound else {}
             report["bound"] = len(bound)
             report["every_pod_bound"] = len(bound) == len(names)
             if bound:

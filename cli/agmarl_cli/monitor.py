@@ -124,8 +124,7 @@ class Monitor:
         if math.isfinite(announced):  # a simulated cluster counts its announcements (a Kubernetes one: not here)
             out.update(announced_per_s=round(announced / seconds, 2), undecided_at_end=max(0, int(announced) - decided),
                        keeping_up=decided >= 0.95 * announced)
-        start, end = self.cpu  # a process restarted in the window is left out (its pid changed)
-        used = {k: end[k][1] - v[1] for k, v in start.items() if k in end and end[k][0] == v[0]}
+        used = cpu_used(*self.cpu)
         if used:  # what the processes spent in the window: per decision, and in cores
             out["cpu_cores"] = round(sum(used.values()) / seconds, 3)
             out["cpu_ms_per_decision"] = {k: round(1000.0 * v / max(decided, 1), 2) for k, v in used.items()}
@@ -155,6 +154,12 @@ def process_cpu_seconds(pids: dict[str, int | None]) -> dict[str, tuple[int, flo
             continue
         out[name] = (pid, (int(utime) + int(stime)) * per_tick)
     return out
+
+
+def cpu_used(start: dict[str, tuple[int, float]], end: dict[str, tuple[int, float]]) -> dict[str, float]:
+    """CPU seconds each process used between two ``process_cpu_seconds`` readings; a process gone or restarted in
+    between (its pid changed) is left out."""
+    return {k: end[k][1] - v[1] for k, v in start.items() if k in end and end[k][0] == v[0]}
 
 
 def percentiles(values: list[float]) -> dict[str, float]:

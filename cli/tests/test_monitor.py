@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from agmarl_cli.monitor import Monitor, latency_split, process_cpu_seconds, traces_complete
+from agmarl_cli.monitor import Monitor, cpu_used, latency_split, process_cpu_seconds, traces_complete
 from agmarl_common.runtime import messages as m
 from agmarl_common.runtime import subjects
 from agmarl_common.runtime.bus import Bus
@@ -94,3 +94,9 @@ def test_cpu_per_decision_from_the_processes_and_a_restarted_one_left_out():
 def test_process_cpu_seconds_reads_this_process():
     out = process_cpu_seconds({"me": os.getpid(), "gone": None})
     assert list(out) == ["me"] and out["me"][0] == os.getpid() and out["me"][1] > 0
+
+
+def test_cpu_used_by_the_processes_that_lived_through_the_window():
+    start = {"etcd": (10, 1.0), "inference": (20, 2.0), "gone": (30, 1.0)}
+    end = {"etcd": (10, 1.5), "inference": (21, 0.1)}  # inference restarted (another pid), "gone" ended
+    assert cpu_used(start, end) == {"etcd": 0.5}

@@ -7,7 +7,6 @@ tests/e2e/test_real_kube.py runs the whole thing against the real binaries."""
 from __future__ import annotations
 
 import http.server
-import os
 import shutil
 import ssl
 import sys
@@ -170,13 +169,6 @@ def test_missing_binaries_say_how_to_build(tmp_path):
 
 
 # --- benchmarks/kube_real.py's arithmetic --------------------------------------------------------------
-
-def test_cpu_per_pod_of_the_processes_that_lived_through_the_window():
-    assert kube_real.cpu_seconds(os.getpid()) > 0 and kube_real.cpu_seconds(2**22 + 7) is None
-    before = {"etcd": (10, 1.0), "inference": (20, 2.0), "gone": (30, 1.0)}
-    after = {"etcd": (10, 1.5), "inference": (21, 0.1), "gone": (30, None)}  # inference restarted, "gone" ended
-    assert kube_real.cpu_ms_per_pod(before, after, 100) == {"etcd": 5.0}
-
 
 def test_quantities():
     assert kube_real.cpu_milli("100m") == 100 and kube_real.cpu_milli("32") == 32000

@@ -149,8 +149,8 @@ def fetch_sources(work: Path) -> tuple[Path, Path]:
                  if line.split() and line.split()[-1].endswith(".orig.tar.gz")), None)
     if orig is None:
         raise BuildError(f"{SOURCE} {SOURCE_VERSION}: no orig tarball in its Checksums-Sha256")
-    digest, _, filename = orig
-    log(f"fetching {filename} ({int(_) / 1e6:.0f} MB)")
+    digest, size, filename = orig
+    log(f"fetching {filename} ({int(size) / 1e6:.0f} MB)")
     tarball = check(fetch(f"{MIRROR}/{src['Directory']}/{filename}", work / filename), digest, filename)
     pkg = next((p for p in stanzas(index(release, work, "main/binary-amd64/Packages.xz"))
                 if p.get("Package") == REFLECT2), None)

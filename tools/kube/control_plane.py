@@ -193,7 +193,7 @@ def rewrite_scheduler_config(config: dict[str, Any], kubeconfig_path: str | Path
 
 
 # The shipped configurations are ``kubescheduler.config.k8s.io/v1`` (kube-scheduler >= 1.25). An older
-# kube-scheduler (v1.20.2, built from Debian's source by tools/kube/build_debian.sh) reads v1beta1, whose score
+# kube-scheduler (v1.20.2, built from Debian's source by tools/kube/build_debian.py) reads v1beta1, whose score
 # plugin for the resources' "least allocated" strategy is NodeResourcesLeastAllocated (NodeResourcesFit was a
 # filter only; its scoringStrategy came in v1beta2): the same plugins, weights and extenders otherwise.
 V1BETA1_MINORS = range(19, 22)
