@@ -31,7 +31,7 @@ from typing import Any
 from agmarl_common.runtime import messages as m
 from agmarl_common.core.cluster.compact import bound_pod_dicts, compact_dict, drop_pending, is_snapshot, pod_key_of, \
     state_from_dict, state_from_snapshot
-from agmarl_common.core.cluster.model import ClusterState, pod_from_dict
+from agmarl_common.core.cluster.model import ClusterState, pod_from_dict, to_dict
 from agmarl_common.core.credit import reference_credit
 from agmarl_common.core.policies.base import Policy
 from agmarl_common.core.reward import PlacementBase, RewardScheme, placement_base
@@ -45,8 +45,9 @@ class SnapshotView:
     def __init__(self, msg: m.ClusterSnapshot):
         self.msg = msg
         self.received = 0.0  # wall time this process received it (set by the reward-calculator)
-        self._pods: dict[str, tuple[dict[str, Any], int]] | None = None
-        self._nodes: dict[str, int] = {}  # bound pod key -> node index
+        self._pending: dict[str, int] | None = None  # pending pod key -> position in msg.pending
+        self._bound: dict[str, tuple[int, int]] = {}  # bound pod key -> (node row, position in the row)
+        self._raw: list[list[dict[str, Any]]] | None = None  # bound pod dicts of a state_to_dict state
         self._names: list[str] | None = None
         self._compact: dict[str, Any] | None = None
         self._packed: m.Packed | None = None
@@ -67,27 +68,47 @@ class SnapshotView:
     def placement(self, key: str) -> str | None:
         """Where pod ``key`` is in this snapshot: its node's name when bound, "" when pending, None when
         absent (never announced, departed, dropped)."""
-        found = self.pod(key)
-        if found is None:
-            return None
-        if found[1] != _BOUND:
+        self._index()
+        if key in self._pending:
             return ""
+        where = self._bound.get(key)
+        if where is None:
+            return None
         if self._names is None:
-            self._names = node_names(self.msg.state)
-        return self._names[self._nodes[key]]
+            self._names = node_names(self.msg.state) if self._raw is not None else \
+                [nd.name for nd in self.cluster_state().nodes]
+        return self._names[where[0]]
 
     def pod(self, key: str) -> tuple[dict[str, Any], int] | None:
         """(pod dict, position among pending or -1 when bound) of pod ``key``; None when absent."""
-        if self._pods is None:
-            pods: dict[str, tuple[dict[str, Any], int]] = {}
-            for i, row in enumerate(bound_pod_dicts(self.msg.state)):
-                for p in row:
-                    pods[pod_key_of(p)] = (p, _BOUND)
-                    self._nodes[pod_key_of(p)] = i
-            for k, p in enumerate(self.msg.pending):
-                pods[pod_key_of(p)] = (p, k)
-            self._pods = pods
-        return self._pods.get(key)
+        self._index()
+        k = self._pending.get(key)
+        if k is not None:
+            return self.msg.pending[k], k
+        where = self._bound.get(key)
+        if where is None:
+            return None
+        i, j = where
+        found = self._raw[i][j] if self._raw is not None else to_dict(self.cluster_state().bound[i][j])
+        return found, _BOUND
+
+    def _index(self) -> None:
+        """Where each pod is, by key: pending pods by position, bound pods by (node row, position in it). A
+        compact snapshot's bound pods are read from its parsed ``cluster_state`` (shared with the reward), and
+        only a pod asked for is turned into a dict."""
+        if self._pending is not None:
+            return
+        bound: dict[str, tuple[int, int]] = {}
+        if is_snapshot(self.msg.state):
+            for i, row in enumerate(self.cluster_state().bound):
+                for j, p in enumerate(row):
+                    bound[f"{p.namespace}/{p.name}"] = (i, j)
+        else:
+            self._raw = bound_pod_dicts(self.msg.state)
+            for i, row in enumerate(self._raw):
+                for j, p in enumerate(row):
+                    bound[pod_key_of(p)] = (i, j)
+        self._bound, self._pending = bound, {pod_key_of(p): k for k, p in enumerate(self.msg.pending)}
 
     def cluster_state(self) -> ClusterState:
         """The snapshot's cluster as a ``ClusterState`` (parsed once)."""

@@ -118,6 +118,24 @@ def test_the_compact_state_is_computed_once_per_snapshot():
     assert placed_pod("default/nobody", view, view) is None
 
 
+def test_a_compact_snapshot_is_parsed_once_for_the_reward_and_every_lookup(monkeypatch):
+    from agmarl_common.core.cluster import compact
+    from agmarl_reward_calculator import transition
+    s = bind(bind(ClusterState.empty(NODES), OLD, 0), NEW, 1, (0,))
+    view = snap(1, (), (Pod("other", 100, 100),), state=compact.compact_snapshot(s))
+    parsed = []
+    real = compact.state_from_snapshot
+    counting = lambda data: parsed.append(1) or real(data)  # noqa: E731
+    monkeypatch.setattr(compact, "state_from_snapshot", counting)
+    monkeypatch.setattr(transition, "state_from_snapshot", counting)
+    assert view.cluster_state().bound[1][0].key == NEW.key  # what the reward reads
+    assert (view.placement(OLD.key), view.placement(NEW.key), view.placement("default/other")) == ("a", "b", "")
+    assert view.placement("default/nobody") is None
+    assert view.pod(NEW.key) == (to_dict(s.bound[1][0]), -1)  # bound: the pod as the snapshot shows it
+    assert view.pod("default/other") == ({"name": "other", "cpu_milli": 100, "memory_mib": 100}, 0)
+    assert len(parsed) == 1
+
+
 # ---------------------------------------------------------------------------------------------
 # An openb-sized cluster: 1,523 nodes, thousands of bound pods
 

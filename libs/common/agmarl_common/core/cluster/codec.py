@@ -4,8 +4,10 @@ round-trip exactly. Import these through ``agmarl_common.core.cluster.model``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import MISSING, fields, is_dataclass
-from typing import Any, Mapping
+from functools import lru_cache
+from typing import Any
 
 from agmarl_common.core.cluster.specs import (
     LabelRequirement,
@@ -77,18 +79,23 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
+@lru_cache(maxsize=None)
+def _field_names(cls: type) -> tuple[frozenset[str], frozenset[str]]:
+    """(every field's name, the names of the fields typed as a mapping) of dataclass ``cls``."""
+    return frozenset(f.name for f in fields(cls)), frozenset(f.name for f in fields(cls) if "Mapping" in str(f.type))
+
+
 def from_dict(cls: type, data: Mapping[str, Any]) -> Any:
     """Inverse of ``to_dict``; raises TypeError/ValueError on unknown fields or bad shapes."""
     if not isinstance(data, Mapping):
         raise TypeError(f"{cls.__name__}: expected a mapping, got {type(data).__name__}")
-    names = {f.name: f for f in fields(cls)}
-    unknown = set(data) - set(names)
+    names, mappings = _field_names(cls)
+    unknown = data.keys() - names
     if unknown:
         raise ValueError(f"{cls.__name__}: unknown fields {sorted(unknown)}")
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         nested = _NESTED.get((cls.__name__, key))
-        f = names[key]
         if nested is not None:
             if isinstance(value, Mapping):
                 kwargs[key] = from_dict(nested, value)
@@ -98,7 +105,7 @@ def from_dict(cls: type, data: Mapping[str, Any]) -> Any:
             kwargs[key] = tuple(value)
         else:
             kwargs[key] = value
-        if "Mapping" in str(f.type) and not isinstance(kwargs[key], Mapping):
+        if key in mappings and not isinstance(kwargs[key], Mapping):
             raise TypeError(f"{cls.__name__}.{key}: expected a mapping")
     return cls(**kwargs)
 

@@ -38,8 +38,9 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, fields, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, TypeVar
 
 from agmarl_common.core.cluster import codec
 from agmarl_common.core.cluster.codec import node_from_dict, pod_from_dict, state_to_dict, to_dict
@@ -49,6 +50,8 @@ from agmarl_common.core.cluster.state import ClusterState, state_with_bound
 FORMAT = "agmarl.compact/1"
 SNAPSHOT_FORMAT = "agmarl.snapshot/1"
 INSTANCE_FIELDS = ("name", "uid", "node_name", "gpu_devices", "creation_time", "duration")
+_T = TypeVar("_T")
+_POD_FIELDS = tuple(f.name for f in fields(Pod) if f.name not in INSTANCE_FIELDS)  # what a template holds
 _MASK_BITS = 8  # low bits of a bound entry: GPU device mask (MAX_GPUS devices)
 _NODE_FIELDS = tuple(f for f in fields(Node))
 
@@ -121,9 +124,12 @@ def _mask(devices: Sequence[int]) -> int:
     return out
 
 
+_DEVICES = tuple(tuple(j for j in range(MAX_GPUS) if mask >> j & 1) for mask in range(1 << MAX_GPUS))
+
+
 def _devices_of(mask: int) -> tuple[int, ...]:
     """The devices of a bit mask, ascending (bits from MAX_GPUS up are ignored)."""
-    return tuple(j for j in range(MAX_GPUS) if mask >> j & 1)
+    return _DEVICES[mask & (1 << MAX_GPUS) - 1]
 
 
 def _nodes_and_rows(state: Mapping[str, Any], what: str) -> tuple[list, list]:
@@ -190,7 +196,7 @@ def _nodes_and_templates(data: Mapping[str, Any]) -> tuple[tuple[Node, ...], lis
     return _nodes_from_columns(data["nodes"]), [pod_from_dict({**t, "name": ""}) for t in data["templates"]]
 
 
-def _template(templates: list[Pod], t: int) -> Pod:
+def _template(templates: list[_T], t: int) -> _T:
     if not 0 <= t < len(templates):
         raise ValueError(f"compact state: template {t} outside 0..{len(templates) - 1}")
     return templates[t]
@@ -323,12 +329,13 @@ def state_from_snapshot(data: Mapping[str, Any]) -> ClusterState:
     count, cols = _snapshot_columns(data, nodes)
     tmpl, name, uid, node = cols["template"], cols["name"], cols["uid"], cols["node_name"]
     created, duration, devices = cols["creation_time"], cols["duration"], cols["gpu_devices"]
+    specs = [{f: getattr(t, f) for f in _POD_FIELDS} for t in templates]  # ``replace`` without its per-call work
     bound, end = [], 0
     for c in count:
         first, end = end, end + c
-        bound.append(tuple(replace(_template(templates, tmpl[k]), name=name[k], uid=_uid_in(uid[k]),
-                                   creation_time=float(created[k]), duration=float(duration[k]), node_name=node[k],
-                                   gpu_devices=_devices_in(devices[k])) for k in range(first, end)))
+        bound.append(tuple(Pod(**_template(specs, tmpl[k]), name=name[k], uid=_uid_in(uid[k]),
+                               creation_time=float(created[k]), duration=float(duration[k]), node_name=node[k],
+                               gpu_devices=_devices_in(devices[k])) for k in range(first, end)))
     return state_with_bound(nodes, bound)
 
 
