@@ -56,21 +56,29 @@ _NESTED: dict[tuple[str, str], type] = {
 }
 
 
+_PLAIN = frozenset((str, int, float, bool, type(None)))  # returned as they are
+
+
+@lru_cache(maxsize=None)
+def _defaults(cls: type) -> tuple[tuple[str, Any], ...] | None:
+    """(name, default or MISSING) of each field of dataclass ``cls`` (a default factory called once: compared
+    against, never handed out); None when ``cls`` is not a dataclass."""
+    if not is_dataclass(cls):
+        return None
+    return tuple((f.name, f.default if f.default is not MISSING else
+                  f.default_factory() if f.default_factory is not MISSING else MISSING) for f in fields(cls))
+
+
 def to_dict(obj: Any) -> Any:
     """Dataclass -> plain dict/list/scalars, omitting fields equal to their defaults."""
-    if is_dataclass(obj):
+    spec = _defaults(type(obj))
+    if spec is not None:
         out = {}
-        for f in fields(obj):
-            v = getattr(obj, f.name)
-            if f.default is not MISSING:
-                default = f.default
-            elif f.default_factory is not MISSING:
-                default = f.default_factory()
-            else:
-                default = MISSING
+        for name, default in spec:
+            v = getattr(obj, name)
             if default is not MISSING and v == default:
                 continue
-            out[f.name] = to_dict(v)
+            out[name] = v if type(v) in _PLAIN else to_dict(v)
         return out
     if isinstance(obj, (tuple, list)):
         return [to_dict(v) for v in obj]
