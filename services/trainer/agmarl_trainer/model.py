@@ -17,6 +17,10 @@ pod -> pod edges included (centralised training) and mixes per-pod utilities mon
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import tempfile
 import warnings
 from dataclasses import dataclass
 
@@ -44,8 +48,26 @@ class NetConfig:
 
 
 def _gat(in_ch, out_ch: int, heads: int, edge_dim: int | None = None) -> GATConv:
-    return GATConv(in_ch, out_ch, heads=heads, concat=False, add_self_loops=False, residual=True,
+    conv = GATConv(in_ch, out_ch, heads=heads, concat=False, add_self_loops=False, residual=True,
                    edge_dim=edge_dim)
+    remove_generated_sources()
+    return conv
+
+
+def remove_generated_sources() -> None:
+    """Delete the source files PyG generated for this process's message-passing modules.
+
+    The first GATConv a process builds renders its ``propagate`` / ``edge_updater`` from templates into files in
+    the temporary directory, imports them and keeps them there (``torch_geometric.template.module_from_template``,
+    ``delete=False``): two files per training run, test worker or export that are never removed. Once imported
+    the modules live in ``sys.modules`` and the files are not read again, so they are deleted here: only files
+    in the temporary directory that back a ``torch_geometric`` module of this process."""
+    tmp = os.path.realpath(tempfile.gettempdir())
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None) or ""
+        if name.startswith("torch_geometric.") and path and os.path.dirname(os.path.realpath(path)) == tmp:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
 
 class GATEncoder(nn.Module):
