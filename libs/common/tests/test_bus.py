@@ -3,6 +3,7 @@ KV and Object Store."""
 import asyncio
 import datetime
 import hashlib
+import tempfile
 import time
 import uuid
 
@@ -122,6 +123,24 @@ async def test_decision_log_survives_nats_restart(tmp_path):
             assert msgs[0].headers["Nats-Msg-Id"] == "d0"
         finally:
             await bus.close()
+
+
+def test_a_server_keeps_its_config_and_log_next_to_its_store_and_nothing_in_the_temp_dir(tmp_path, monkeypatch):
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    server = NatsServer(store_dir=tmp_path / "store").start()
+    try:
+        assert server.log_path == tmp_path / "store-server" / "nats-server.log"
+        assert b"Server is ready" in server.log_path.read_bytes()
+        assert (tmp_path / "store-server").stat().st_mode & 0o777 == 0o700
+    finally:
+        server.stop()
+    assert server.log_path.exists()  # read after the run (`agmarl up`: .state/nats-server/)
+    assert list(temp.iterdir()) == []
+    with NatsServer() as private:  # no store given: one private temporary directory, removed on exit
+        assert private.work_dir.parent == temp and private.store_dir.parent == private.work_dir
+    assert list(temp.iterdir()) == []
 
 
 async def test_follow_since_reads_on_across_a_nats_restart(tmp_path):

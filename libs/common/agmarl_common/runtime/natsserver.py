@@ -103,8 +103,14 @@ class NatsServer:
         self.auth_config = Path(auth_config) if auth_config is not None else None
         self.tls = (tls_cert_file, tls_key_file, tls_ca_file) if tls_cert_file else None
         self.port = port or free_port(host)
-        self.work_dir = Path(tempfile.mkdtemp(prefix="agmarl-nats-"))  # config and log; removed by cleanup()
-        self.store_dir = Path(store_dir) if store_dir is not None else self.work_dir / "jetstream"
+        # config and log: next to a given store (`agmarl up`: <state>/nats-server/, read after the run), else a
+        # private temporary directory with the store inside; cleanup() removes it
+        if store_dir is not None:
+            self.store_dir = Path(store_dir)
+            self.work_dir = self.store_dir.parent / f"{self.store_dir.name}-server"
+        else:
+            self.work_dir = Path(tempfile.mkdtemp(prefix="agmarl-nats-"))
+            self.store_dir = self.work_dir / "jetstream"
         self.max_payload = max_payload
         self.binary = binary or find_binary()
         self.startup_timeout = startup_timeout
@@ -162,6 +168,7 @@ class NatsServer:
         if self.running:
             return self
         self.store_dir.mkdir(parents=True, exist_ok=True)
+        self.work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         conf = self._write_config()
         cmd = [self.binary, "-c", str(conf), "-a", self.host, "-p", str(self.port),
                "-js", "-sd", str(self.store_dir)]
@@ -206,7 +213,7 @@ class NatsServer:
         return self.start()
 
     def cleanup(self) -> None:
-        """Stop and remove the private work directory (and the store, when it lives there)."""
+        """Stop and remove the work directory (config and log; the store too when none was given)."""
         self.stop()
         shutil.rmtree(self.work_dir, ignore_errors=True)
 
