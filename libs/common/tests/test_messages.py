@@ -8,8 +8,8 @@ import pytest
 
 from agmarl_common.runtime.messages import (
     DEAD_LETTER_PAYLOAD_BYTES, MAX_MESSAGE_BYTES, MESSAGES, ClusterEvent, ClusterSnapshot, DeadLetter, Decision,
-    DecodeError, Experience, GraphSync, GraphUpdate, HealthStatus, ModelPublished, Packed, PendingPod, PolicySelection,
-    Reward, SelectionRefused, TrainRequest, TrainStatus, _to_plain, dead_letter, decode, encode, encode_reusing)
+    DecodeError, Experience, GraphSync, GraphUpdate, HealthStatus, ModelPublished, PendingPod, PolicySelection,
+    Reward, SelectionRefused, TrainRequest, TrainStatus, _to_plain, dead_letter, decode, encode)
 from pydantic import BaseModel
 
 POD = {"name": "p0", "namespace": "team-a", "cpu_milli": 500, "memory_mib": 256, "gpu_count": 1}
@@ -92,22 +92,6 @@ def test_values_inside_dict_fields_encode_as_model_dump_gives_them():
     plain = msg.model_dump(mode="python")
     assert encode(msg) == msgpack.packb(plain, use_bin_type=True, default=_to_plain)
     assert decode(Experience, encode(msg)).state["m"] == selection.model_dump()
-
-
-def test_encode_reusing_gives_the_bytes_of_encode():
-    """Values packed apart and spliced in, at any depth of dicts, give ``encode``'s bytes: maps of 1-15 and 16+
-    entries, numpy values, a packed value met twice, a packed value's equal twin (packed anew), an empty dict."""
-    big = [[k, k * 2] for k in range(300)]
-    wide = {f"k{k}": np.float32(k) for k in range(20)}  # a map16 header
-    twin = [[k, k * 2] for k in range(300)]  # equal to ``big``, another object
-    packed = Packed([big, wide])
-    msg = Experience(id="e", cluster="sim", reward=1.5, time=2.0, credit={},
-                     state={"cluster": {"format": 1, "bound": big, "nodes": wide, "pending": np.arange(5)}, "twin": twin,
-                            "again": big, "stats": {"a": 1.0}},
-                     action={"pod_key": "a/b", "gpus": (0, 1)}, next_state={})
-    assert encode_reusing(msg, packed) == encode(msg)
-    assert encode_reusing(msg, Packed()) == encode(msg)
-    assert decode(Experience, encode_reusing(msg, packed)).state["again"] == big
 
 
 def _raw(**fields):

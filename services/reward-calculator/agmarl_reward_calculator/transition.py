@@ -3,8 +3,8 @@
 A decision is paired with the last snapshot received before it (the cluster it was made on) and the
 first snapshot after it (the one it is rewarded on). The transition carries:
 
-    state       {"cluster": compact state (``agmarl_common.core.cluster.compact``) of the snapshot before, the
-                 decided pod left out (it was still pending), "snapshot_seq", "time", "stats"}
+    state       {"cluster": deflated compact state (``agmarl_common.core.cluster.compact.deflated``) of the
+                 snapshot before, the decided pod left out (it was still pending), "snapshot_seq", "time", "stats"}
     action      {"pod": the decided pod (``to_dict`` form, as pending), "pod_key", "node", "gpus", "policy",
                  "score"}
     reward      the total reward
@@ -29,8 +29,8 @@ from __future__ import annotations
 from typing import Any
 
 from agmarl_common.runtime import messages as m
-from agmarl_common.core.cluster.compact import bound_pod_dicts, compact_dict, drop_pending, is_snapshot, pod_key_of, \
-    state_from_dict, state_from_snapshot
+from agmarl_common.core.cluster.compact import bound_pod_dicts, compact_dict, deflate_shared, deflated, drop_pending, \
+    is_snapshot, pod_key_of, state_from_dict, state_from_snapshot
 from agmarl_common.core.cluster.model import ClusterState, pod_from_dict, to_dict
 from agmarl_common.core.credit import reference_credit
 from agmarl_common.core.policies.base import Policy
@@ -50,7 +50,7 @@ class SnapshotView:
         self._raw: list[list[dict[str, Any]]] | None = None  # bound pod dicts of a state_to_dict state
         self._names: list[str] | None = None
         self._compact: dict[str, Any] | None = None
-        self._packed: m.Packed | None = None
+        self._shared: bytes | None = None
         self._state: ClusterState | None = None
         self._base: PlacementBase | None = None
 
@@ -123,13 +123,12 @@ class SnapshotView:
             self._base = placement_base(self.cluster_state())
         return self._base
 
-    def packed(self) -> m.Packed:
-        """The wire encoding of its compact state's parts shared by every transition decided on it (nodes, pod
-        templates, bound pods: only the pending list differs), packed once (``messages.encode_reusing``)."""
-        if self._packed is None:
-            c = self._compact_state()
-            self._packed = m.Packed(c[k] for k in ("nodes", "templates", "bound") if k in c)
-        return self._packed
+    def shared(self) -> bytes:
+        """``compact.deflate_shared`` of its compact state: the nodes, pod templates and bound pods every transition
+        decided on it carries (only the pending list differs), packed and compressed once."""
+        if self._shared is None:
+            self._shared = deflate_shared(self._compact_state())
+        return self._shared
 
     def _compact_state(self) -> dict[str, Any]:
         if self._compact is None:
@@ -137,14 +136,13 @@ class SnapshotView:
         return self._compact
 
     def compact_without(self, key: str) -> dict[str, Any]:
-        """The compact state of this snapshot with pod ``key`` left out (as it was before being placed)."""
-        compact = self._compact_state()
+        """The deflated compact state of this snapshot with pod ``key`` left out (as it was before being placed)."""
         found = self.pod(key)
         if found is None:
-            return compact
+            return deflated(self._compact_state(), self.shared())
         if found[1] == _BOUND:  # the snapshot already shows the pod bound: rebuild without it (rare)
-            return compact_dict(self.msg.state, self.msg.pending, without=key)
-        return drop_pending(compact, found[1])
+            return deflated(compact_dict(self.msg.state, self.msg.pending, without=key))
+        return deflated(drop_pending(self._compact_state(), found[1]), self.shared())
 
 
 def node_names(data: dict[str, Any]) -> list[str]:
@@ -233,8 +231,7 @@ def encoded_experience(d: m.Decision, before: SnapshotView | None, after: Snapsh
         state["missing"] = missing
     exp = m.Experience(id=d.decision_id, cluster=d.cluster, state=state, action=action, reward=reward,
                        next_state=after.reference(), time=after.msg.time, credit=credit or {})
-    # the same bytes as m.encode(exp); the snapshot's shared parts packed once, not once per transition
-    data = m.encode_reusing(exp, before.packed()) if "cluster" in state else m.encode(exp)
+    data = m.encode(exp)
     if "cluster" in state and len(data) > max_bytes:
         state = {k: v for k, v in state.items() if k != "cluster"}
         state["missing"] = missing = "oversized"

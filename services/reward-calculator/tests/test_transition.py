@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from agmarl_common.runtime import messages as m
-from agmarl_common.core.cluster.compact import is_compact, state_from_compact
+from agmarl_common.core.cluster.compact import inflated, is_deflated, state_from_compact
 from agmarl_common.core.cluster.filters import feasible_nodes
 from agmarl_common.core.cluster.model import ClusterState, Node, Pod, bind, choose_gpus, pod_from_dict, state_from_dict, \
     state_to_dict, to_dict
@@ -44,7 +44,7 @@ def test_a_decision_on_a_pending_pod_carries_the_cluster_it_saw():
     exp, missing = experience(decision(), PENDING_BEFORE, BOUND_AFTER, 0.7, LIMIT)
     assert missing == "" and exp.id == "d1" and exp.reward == 0.7
     assert exp.action["pod"] == to_dict(NEW) and exp.action["node"] == "b" and exp.action["gpus"] == [0]
-    state, pending = state_from_compact(exp.state["cluster"])
+    state, pending = state_from_compact(inflated(exp.state["cluster"]))
     assert state.pods_used.tolist() == [1, 0]  # NEW not bound yet
     assert [p.cpu_milli for p in pending] == [100]  # the other pod waits; NEW is the action, not pending
     assert exp.state["snapshot_seq"] == 1 and exp.state["stats"] == {"bound": 1.0}
@@ -54,7 +54,7 @@ def test_a_decision_on_a_pending_pod_carries_the_cluster_it_saw():
 
 def test_a_snapshot_that_already_shows_the_pod_bound_is_taken_back_to_before():
     exp, missing = experience(decision(), BOUND_AFTER, BOUND_AFTER, 0.1, LIMIT)
-    state, _ = state_from_compact(exp.state["cluster"])
+    state, _ = state_from_compact(inflated(exp.state["cluster"]))
     assert missing == "" and state.pods_used.tolist() == [1, 0] and state.gpu_used[1, 0] == 0
     assert pod_from_dict(exp.action["pod"]) == NEW  # no node, no devices: as it was while pending
 
@@ -96,25 +96,31 @@ def test_an_oversized_state_is_left_out():
     assert len(m.encode(exp)) < size - 1
 
 
-def test_transitions_on_one_snapshot_reuse_its_packed_parts_and_give_the_same_bytes():
-    """The snapshot's nodes, templates and bound pods are packed once (``SnapshotView.packed``) and spliced into
-    every transition decided on it: the wire bytes are ``encode``'s, for a pending pod, a pod the snapshot
-    already shows bound (a compact state of its own) and an oversized state."""
+def test_transitions_on_one_snapshot_share_its_deflated_parts():
+    """The snapshot's nodes, templates and bound pods are packed and compressed once (``SnapshotView.shared``) and
+    the same bytes go into every transition decided on it; only the pending list differs. The bytes published are
+    ``encode``'s, for a pending pod, a pod the snapshot already shows bound (a state of its own) and an oversized
+    state; the trainer's JSON file keeps the compressed part as base64 text and reads the same state back."""
     view = snap(1, ((OLD, 0, ()),), (NEW, Pod("other", 100, 100), Pod("third", 200, 200)))
     for d, before, limit in ((decision(), view, LIMIT), (decision(Pod("other", 100, 100), "a"), view, LIMIT),
                              (decision(), BOUND_AFTER, LIMIT), (decision(), view, 300)):
         exp, missing, data = encoded_experience(d, before, BOUND_AFTER, 0.5, limit)
         assert data == m.encode(exp) and m.decode(m.Experience, data) == exp
         assert ("cluster" in exp.state) == (limit == LIMIT) and missing == ("" if limit == LIMIT else "oversized")
-    assert view.packed() is view.packed()
-    assert view.packed().get(view.compact_without(NEW.key)["templates"]) is not None
+        if "cluster" in exp.state:
+            back = m.Experience.model_validate_json(exp.model_dump_json())  # the trainer's file
+            assert inflated(back.state["cluster"]) == inflated(exp.state["cluster"])
+    first, other = view.compact_without(NEW.key), view.compact_without("default/other")
+    assert is_deflated(first) and first["shared"] is other["shared"] is view.shared()
+    every = view.compact_without("default/nobody")["pending"]  # NEW, other, third
+    assert first["pending"] == every[1:] and other["pending"] == [every[0], every[2]]
 
 
 def test_the_compact_state_is_computed_once_per_snapshot():
     view = snap(1, ((OLD, 0, ()),), (NEW, Pod("other", 100, 100)))
     first = view.compact_without("default/nobody")
-    assert view.compact_without("default/nobody") is first
-    assert view.compact_without(NEW.key)["templates"] is first["templates"]  # shared, pending trimmed
+    assert view.compact_without("default/nobody")["shared"] is first["shared"]
+    assert inflated(view.compact_without(NEW.key))["templates"] == inflated(first)["templates"]  # pending trimmed
     assert placed_pod("default/nobody", view, view) is None
 
 
@@ -190,8 +196,8 @@ def test_an_openb_sized_transition_stays_well_under_the_message_limit(openb):
     exp, missing = experience(decision(pod, node), before, after, 0.5, LIMIT)
     size = len(m.encode(exp))
     print(f"openb experience: {size} bytes (limit {LIMIT}; full snapshot {len(m.encode(full_snapshot))})")
-    assert missing == "" and is_compact(exp.state["cluster"]) and size < LIMIT
-    back, waiting = state_from_compact(m.decode(m.Experience, m.encode(exp)).state["cluster"])
+    assert missing == "" and is_deflated(exp.state["cluster"]) and size < LIMIT
+    back, waiting = state_from_compact(inflated(m.decode(m.Experience, m.encode(exp)).state["cluster"]))
     for k in ("cpu_used", "mem_used", "pods_used", "gpu_used"):
         assert np.array_equal(getattr(back, k), getattr(full, k)), k
     assert len(waiting) == len(pending) - 1

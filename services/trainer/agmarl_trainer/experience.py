@@ -3,8 +3,9 @@
 An ``Experience`` (reward-calculator -> EXPERIENCE stream) is usable for fine-tuning when it says what
 the scheduler saw and what it did:
 
-    state["cluster"]   the cluster before the decision: the compact form the reward-calculator sends
-                       (``cluster.compact``: nodes, bound pods as shared specs, the other pending pods), or
+    state["cluster"]   the cluster before the decision: the deflated compact form the reward-calculator sends
+                       (``cluster.compact.deflated``: nodes, bound pods as shared specs, compressed; the other
+                       pending pods), the plain compact form (experience recorded before it), or
                        ``cluster.model.state_to_dict`` form (a state dict with ``nodes`` at top level is
                        accepted too) with the pending pods in ``state["pending"]``
     action["pod"]      the pod placed (``to_dict`` form); else the pod whose key is ``action["pod_key"]``
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from agmarl_common.runtime import messages as m
-from agmarl_common.core.cluster.compact import is_compact, state_from_compact
+from agmarl_common.core.cluster.compact import inflated, is_compact, is_deflated, state_from_compact
 from agmarl_common.core.cluster.filters import feasible_nodes
 from agmarl_common.core.cluster.model import ClusterState, Pod, pod_from_dict, state_from_dict
 from agmarl_common.core.features import FeatureContext, build_graph
@@ -61,14 +62,17 @@ class Decision:
 
 def _cluster_dict(state: Mapping[str, Any]) -> Mapping[str, Any] | None:
     cluster = state.get("cluster")
-    if isinstance(cluster, Mapping) and "nodes" in cluster:
+    if isinstance(cluster, Mapping) and ("nodes" in cluster or is_deflated(cluster)):
         return cluster
     return state if "nodes" in state else None
 
 
 def _cluster_and_pending(state: Mapping[str, Any],
                          cluster: Mapping[str, Any]) -> tuple[ClusterState, tuple[Pod, ...]]:
-    """The cluster state and the pods waiting besides the one placed (compact or ``state_to_dict`` form)."""
+    """The cluster state and the pods waiting besides the one placed (compact, deflated compact or
+    ``state_to_dict`` form)."""
+    if is_deflated(cluster):
+        return state_from_compact(inflated(cluster))
     if is_compact(cluster):
         return state_from_compact(cluster)
     return state_from_dict(cluster), tuple(pod_from_dict(p) for p in state.get("pending", ()) or ())

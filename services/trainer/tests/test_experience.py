@@ -12,7 +12,7 @@ import pytest
 from agmarl_common.runtime import messages as m
 from agmarl_common.runtime import subjects
 from agmarl_common.runtime.bus import Bus
-from agmarl_common.core.cluster.compact import compact_state
+from agmarl_common.core.cluster.compact import compact_state, deflated
 from agmarl_common.core.cluster.model import ClusterState, Node, Pod, bind, state_from_dict, state_to_dict, to_dict
 from agmarl_testing.fixtures import ask_health, wait_healthy
 from agmarl_common.core.features import POD_FEATURES
@@ -87,8 +87,22 @@ def test_the_compact_form_of_the_reward_calculator_decodes():
     assert packing[0].graph.pod_x[0, flag] == 0.0 and not packing[0].graph.cand_attr[:, -1].any()
 
 
+def test_the_deflated_form_decodes_as_the_compact_form_and_from_the_trainers_file():
+    """The reward-calculator sends the compact cluster deflated (``compact.deflated``); the trainer's file keeps
+    its compressed part as base64 text: both decode to the decision the plain compact form gives."""
+    plain = compact_exp(HUGE, "gpu")
+    small = compact_exp(HUGE, "gpu", cluster=deflated(plain.state["cluster"]))
+    want, _ = decode_decision(plain)
+    for e in (m.decode(m.Experience, m.encode(small)), m.Experience.model_validate_json(small.model_dump_json())):
+        d, why = decode_decision(e)
+        assert why == "" and d.candidates.tolist() == want.candidates.tolist() and d.choice == want.choice
+        assert d.state.pods_used.tolist() == want.state.pods_used.tolist() and len(d.workload) == len(want.workload)
+
+
 @pytest.mark.parametrize("e,why", [
     (compact_exp(HUGE, "small"), "infeasible_node"),
+    (compact_exp(HUGE, "gpu", cluster={"format": "agmarl.compact-zlib/1", "shared": b"junk", "pending": []}),
+     "invalid"),
     (compact_exp(HUGE, "gpu", cluster={"format": "agmarl.compact/1", "nodes": {"n": 1}}), "invalid"),
     (compact_exp(HUGE, "gpu", cluster={**compact_state(state()), "bound": [[99 << 8], [], []]}), "invalid"),
 ])

@@ -3,14 +3,17 @@ identity does not; a pod can be left out; malformed input is rejected with an er
 
 from __future__ import annotations
 
+import base64
+import zlib
 from dataclasses import replace
 
 import msgpack
 import numpy as np
 import pytest
 
-from agmarl_common.core.cluster.compact import FORMAT, compact_dict, compact_state, drop_pending, is_compact, \
-    pod_key_of, state_from_compact
+from agmarl_common.core.cluster.compact import FORMAT, MAX_INFLATED_BYTES, compact_dict, compact_state, \
+    deflate_shared, deflated, drop_pending, inflated, is_compact, is_deflated, pod_key_of, state_from_compact, \
+    state_from_dict
 from agmarl_common.core.cluster.filters import feasible_nodes
 from agmarl_common.core.cluster.model import HOSTNAME_LABEL, ZONE_LABEL, ClusterState, LabelSelector, Node, Pod, \
     PodAffinityTerm, Taint, Toleration, TopologySpreadConstraint, bind, state_to_dict, to_dict
@@ -149,3 +152,41 @@ def test_bad_input_to_compact_is_rejected():
                                                                  "gpu_devices": [9]}]]})
     assert state_to_dict(state_from_compact(compact_dict(state_to_dict(cluster())))[0])["nodes"] == \
         [to_dict(n) for n in NODES]
+
+
+# ---------------------------------------------------------------------------------------------
+# The deflated form experiences carry
+
+
+def test_a_deflated_state_inflates_to_the_same_compact_state_from_bytes_or_base64_text():
+    data = compact_state(cluster(), PENDING)
+    shared = deflate_shared(data)
+    small = deflated(data, shared)
+    assert is_deflated(small) and small["shared"] is shared and small["pending"] == data["pending"]
+    assert len(msgpack.packb(small)) < len(msgpack.packb(data))
+    assert inflated(msgpack.unpackb(msgpack.packb(small))) == data  # through the wire: bytes
+    as_text = {**small, "shared": base64.urlsafe_b64encode(shared).decode()}  # a JSON file: base64 text
+    assert inflated(as_text) == data
+    assert deflated(data) == small  # the shared part made on the spot: the same bytes
+    back, pending = state_from_compact(inflated(small))
+    assert back.nodes == cluster().nodes and [p.cpu_milli for p in pending] == [300, 500]
+    assert state_from_dict(small).pods_used.tolist() == cluster().pods_used.tolist()  # dispatch on the format
+    trimmed = deflated(drop_pending(data, 0), shared)  # another transition on the same snapshot
+    assert inflated(trimmed)["pending"] == data["pending"][1:] and trimmed["shared"] is shared
+
+
+@pytest.mark.parametrize("mangle, why", [
+    (lambda d: {**d, "format": FORMAT}, "not a deflated"),
+    (lambda d: {**d, "shared": b"not zlib"}, "deflated compact state"),
+    (lambda d: {**d, "shared": "%%% not base64"}, "not base64"),
+    (lambda d: {**d, "shared": 7}, "must be bytes"),
+    (lambda d: {**d, "shared": zlib.compress(b"\xc1")}, "not msgpack"),
+    (lambda d: {**d, "shared": zlib.compress(msgpack.packb({"nodes": {}}))}, "exactly"),
+    (lambda d: {**d, "shared": zlib.compress(b"\0" * (MAX_INFLATED_BYTES + 1))}, "no whole state"),  # a bomb
+    (lambda d: {**d, "shared": d["shared"][:-4]}, "no whole state"),  # truncated
+    (lambda d: {**d, "pending": "0,1"}, "pending must be a list"),
+])
+def test_a_malformed_deflated_state_is_refused_with_a_reason(mangle, why):
+    bad = mangle(deflated(compact_state(cluster(), PENDING)))
+    with pytest.raises(ValueError, match=why):
+        inflated(bad)

@@ -31,16 +31,32 @@ travels as its 16 bytes, integral times as integers, ascending GPU devices as a 
 exact: ``state_from_snapshot(compact_snapshot(s))`` equals ``state_from_dict(state_to_dict(s))`` field
 by field, and ``state_from_dict`` here (``model.state_from_dict``) decodes the full form and both compact
 forms (it dispatches on ``"format"``).
+
+Experiences (``Experience.state["cluster"]``) carry the compact form deflated: every transition decided on one
+snapshot holds the same nodes, templates and bound pods, and only its pending list differs, so those are packed
+(msgpack) and compressed (zlib) once per snapshot:
+
+    {"format": "agmarl.compact-zlib/1",
+     "shared":  zlib(msgpack({"nodes", "templates", "bound"}))   (bytes; base64 text in a JSON file),
+     "pending": [template, ...]}
+
+The templates make up most of a compact state and repeat their labels and constraints, so the shared part
+shrinks ~9x (a 50-node synthetic cluster: 95 KB -> 11 KB), and a reader unpacks one bytes value instead of
+hundreds of small maps. ``inflated`` gives the compact form back (at most ``MAX_INFLATED_BYTES``).
 Pure: plain dicts in, plain dicts out.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, fields, replace
 from typing import Any, TypeVar
+
+import msgpack
 
 from agmarl_common.core.cluster import codec
 from agmarl_common.core.cluster.codec import node_from_dict, pod_from_dict, state_to_dict, to_dict
@@ -48,6 +64,9 @@ from agmarl_common.core.cluster.specs import MAX_GPUS, Node, Pod
 from agmarl_common.core.cluster.state import ClusterState, state_with_bound
 
 FORMAT = "agmarl.compact/1"
+DEFLATED_FORMAT = "agmarl.compact-zlib/1"
+MAX_INFLATED_BYTES = 64 * 1024 * 1024  # a deflated state that inflates past this is refused (a zip bomb)
+_SHARED = ("nodes", "templates", "bound")
 SNAPSHOT_FORMAT = "agmarl.snapshot/1"
 INSTANCE_FIELDS = ("name", "uid", "node_name", "gpu_devices", "creation_time", "duration")
 _T = TypeVar("_T")
@@ -64,6 +83,56 @@ def is_compact(data: Any) -> bool:
 def is_snapshot(data: Any) -> bool:
     """Is ``data`` a compact snapshot state (``compact_snapshot`` output)?"""
     return isinstance(data, Mapping) and data.get("format") == SNAPSHOT_FORMAT
+
+
+def is_deflated(data: Any) -> bool:
+    """Is ``data`` a deflated compact state (``deflated`` output)?"""
+    return isinstance(data, Mapping) and data.get("format") == DEFLATED_FORMAT
+
+
+def deflate_shared(compact: Mapping[str, Any]) -> bytes:
+    """The nodes, templates and bound pods of a compact state, packed and compressed (``deflated``'s "shared")."""
+    return zlib.compress(msgpack.packb({k: compact[k] for k in _SHARED}, use_bin_type=True), 1)
+
+
+def deflated(compact: Mapping[str, Any], shared: bytes | None = None) -> dict[str, Any]:
+    """A compact state in its deflated form; ``shared``: ``deflate_shared`` of the same nodes, templates and bound
+    pods, made once for every state that differs from this one only in its pending list."""
+    return {"format": DEFLATED_FORMAT, "shared": deflate_shared(compact) if shared is None else shared,
+            "pending": list(compact["pending"])}
+
+
+def inflated(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The compact state of a deflated one (its "shared" as bytes, or base64 text as a JSON file holds it); raises
+    ValueError when it is not one, does not inflate, inflates past ``MAX_INFLATED_BYTES`` or lacks a part."""
+    if not is_deflated(data):
+        found = data.get("format") if isinstance(data, Mapping) else None
+        raise ValueError(f"not a deflated compact state (format {found!r})")
+    shared = data.get("shared")
+    if isinstance(shared, str):
+        try:
+            shared = base64.urlsafe_b64decode(shared)
+        except (ValueError, TypeError):
+            raise ValueError("deflated compact state: shared is not base64") from None
+    if not isinstance(shared, (bytes, bytearray)):
+        raise ValueError("deflated compact state: shared must be bytes")
+    inflater = zlib.decompressobj()
+    try:
+        raw = inflater.decompress(shared, MAX_INFLATED_BYTES)
+    except zlib.error as exc:
+        raise ValueError(f"deflated compact state: {exc}") from None
+    if inflater.unconsumed_tail or not inflater.eof:
+        raise ValueError(f"deflated compact state: no whole state within {MAX_INFLATED_BYTES} bytes")
+    try:
+        parts = msgpack.unpackb(raw, raw=False)
+    except Exception as exc:  # msgpack raises several unrelated types on bad input
+        raise ValueError(f"deflated compact state: not msgpack ({type(exc).__name__})") from None
+    if not isinstance(parts, dict) or set(parts) != set(_SHARED):
+        raise ValueError(f"deflated compact state: shared must hold exactly {list(_SHARED)}")
+    pending = data.get("pending")
+    if not isinstance(pending, list):
+        raise ValueError("deflated compact state: pending must be a list")
+    return {"format": FORMAT, **parts, "pending": pending}
 
 
 def pod_key_of(pod: Mapping[str, Any]) -> str:
@@ -373,11 +442,14 @@ def _compact_of_snapshot(data: Mapping[str, Any], pending: Sequence[Mapping[str,
 
 def state_from_dict(data: Mapping[str, Any]) -> ClusterState:
     """The ``ClusterState`` of any wire form (``model.state_from_dict``): ``state_to_dict`` output (``codec``),
-    a compact snapshot exactly, a compact experience state without pod identity (its pending pods dropped)."""
+    a compact snapshot exactly, a compact experience state (plain or deflated) without pod identity (its pending
+    pods dropped)."""
     if "format" not in data:
         return codec.state_from_dict(data)
     if is_snapshot(data):
         return state_from_snapshot(data)
     if is_compact(data):
         return state_from_compact(data)[0]
+    if is_deflated(data):
+        return state_from_compact(inflated(data))[0]
     raise ValueError(f"unknown cluster state format {data['format']!r}")
