@@ -30,7 +30,7 @@ from typing import Any
 
 from agmarl_common.runtime import messages as m
 from agmarl_common.core.cluster.compact import bound_pod_dicts, compact_dict, deflate_shared, deflated, drop_pending, \
-    is_snapshot, pod_key_of, state_from_dict, state_from_snapshot
+    is_snapshot, pod_key_of, state_from_dict
 from agmarl_common.core.cluster.model import ClusterState, pod_from_dict, to_dict
 from agmarl_common.core.credit import reference_credit
 from agmarl_common.core.policies.base import Policy
@@ -75,8 +75,7 @@ class SnapshotView:
         if where is None:
             return None
         if self._names is None:
-            self._names = node_names(self.msg.state) if self._raw is not None else \
-                [nd.name for nd in self.cluster_state().nodes]
+            self._names = [nd.name for nd in self.cluster_state().nodes]
         return self._names[where[0]]
 
     def pod(self, key: str) -> tuple[dict[str, Any], int] | None:
@@ -143,13 +142,6 @@ class SnapshotView:
         if found[1] == _BOUND:  # the snapshot already shows the pod bound: rebuild without it (rare)
             return deflated(compact_dict(self.msg.state, self.msg.pending, without=key))
         return deflated(drop_pending(self._compact_state(), found[1]), self.shared())
-
-
-def node_names(data: dict[str, Any]) -> list[str]:
-    """Node names in row order of a ``state_to_dict`` state or a compact snapshot."""
-    if is_snapshot(data):
-        return [nd.name for nd in state_from_snapshot(data).nodes]
-    return [nd["name"] for nd in data["nodes"]]
 
 
 def placed_pod(key: str, before: SnapshotView | None, after: SnapshotView,

@@ -126,14 +126,12 @@ def test_the_compact_state_is_computed_once_per_snapshot():
 
 def test_a_compact_snapshot_is_parsed_once_for_the_reward_and_every_lookup(monkeypatch):
     from agmarl_common.core.cluster import compact
-    from agmarl_reward_calculator import transition
     s = bind(bind(ClusterState.empty(NODES), OLD, 0), NEW, 1, (0,))
     view = snap(1, (), (Pod("other", 100, 100),), state=compact.compact_snapshot(s))
     parsed = []
     real = compact.state_from_snapshot
     counting = lambda data: parsed.append(1) or real(data)  # noqa: E731
     monkeypatch.setattr(compact, "state_from_snapshot", counting)
-    monkeypatch.setattr(transition, "state_from_snapshot", counting)
     assert view.cluster_state().bound[1][0].key == NEW.key  # what the reward reads
     assert (view.placement(OLD.key), view.placement(NEW.key), view.placement("default/other")) == ("a", "b", "")
     assert view.placement("default/nobody") is None
