@@ -48,6 +48,7 @@ from agmarl_common.core.cluster import changes as ch
 from agmarl_common.core.cluster.compact import compact_snapshot
 from agmarl_common.core.cluster.model import ClusterState, Node, Pod
 from agmarl_common.runtime.natsserver import NatsServer
+from agmarl_cli.monitor import cpu_used, process_cpu_seconds
 
 KUBE_SCHEDULER_MS = 5.7  # kube-scheduler v1.36 alone, per pod (issue 13: 156-191 pods/s on 100 nodes)
 TARGET_ADDED_MS = 2.4  # added per pod at 100 nodes: kube-scheduler keeps >= 70 % of its rate
@@ -253,15 +254,6 @@ def scrape_fallbacks(port: int, name: str = "agmarl_extender_fallbacks_total") -
             for s in fam.samples if s.name == name}
 
 
-def process_cpu_s(pid: int) -> float | None:
-    """CPU seconds (user + system, every thread) of process ``pid`` so far; None where /proc is absent."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _pct(xs: list[float], q: float) -> float | None:
     return round(float(np.percentile(np.asarray(xs), q)) * 1e3, 3) if xs else None
 
@@ -329,7 +321,7 @@ def run_extender_bench(spec: ExtenderBenchSpec) -> dict[str, Any]:
             for k in range(spec.warmup + spec.pods):
                 if k == spec.warmup:
                     before, started = scrape_fallbacks(metrics_port), time.perf_counter()
-                    cpu0 = process_cpu_s(proc.pid)
+                    cpu0 = process_cpu_seconds({"inference": proc.pid})
                 r = drive_pod(client, k, spec, verbs, names, names_json, rng)
                 if r["node"]:
                     key = f"{NAMESPACE}/bench-{k}"
@@ -342,8 +334,8 @@ def run_extender_bench(spec: ExtenderBenchSpec) -> dict[str, Any]:
                         per_verb[v].append(t)
                     failed.update(r["failed"])
             wall = time.perf_counter() - started
-            cpu1 = process_cpu_s(proc.pid)
-            cpu_ms = (cpu1 - cpu0) * 1e3 / max(len(added), 1) if cpu0 is not None and cpu1 is not None else None
+            used = cpu_used(cpu0, process_cpu_seconds({"inference": proc.pid})).get("inference")
+            cpu_ms = used * 1e3 / max(len(added), 1) if used is not None else None
             after = scrape_fallbacks(metrics_port)
             fallbacks = {k: after[k] - before.get(k, 0.0) for k in after if after[k] - before.get(k, 0.0)}
             # the watch reports the last bindings; the held decisions are then published
