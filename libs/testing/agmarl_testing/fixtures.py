@@ -123,6 +123,26 @@ async def health_until(bus, service: str, check: Callable[[HealthStatus], bool],
     raise TimeoutError(f"{service} not {what or 'there'} within {timeout}s (last: {last!r})\n{tail}")
 
 
+async def decisions_taken_up(bus, cluster: str, timeout: float = 15.0, proc: ServiceProcess | None = None) -> None:
+    """Wait (bounded) until the reward-calculator has taken up every decision on DECISIONS: none is left to deliver
+    and each delivered one not acknowledged yet is among those its health says it holds. A snapshot published then
+    settles them; one published before could be handled first and leave them for a next snapshot."""
+    durable = subjects.durable("reward-calculator", cluster)
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.returncode is not None:
+            raise RuntimeError(f"reward-calculator exited with {proc.returncode}:\n{proc.output()[-4000:]}")
+        info = await bus.js.consumer_info(subjects.DECISIONS.name, durable)
+        status = await ask_health(bus, "reward-calculator")
+        last = (info.num_pending, info.num_ack_pending, status.details.get("held") if status else None)
+        if info.num_pending == 0 and status is not None and status.details.get("held") == info.num_ack_pending:
+            return
+        await asyncio.sleep(0.05)
+    tail = proc.output()[-4000:] if proc is not None else ""
+    raise TimeoutError(f"decisions not taken up within {timeout}s (to deliver, unacked, held: {last})\n{tail}")
+
+
 async def health_advances(bus, service: str, key: str, by: int, timeout: float = 15.0,
                           proc: ServiceProcess | None = None) -> HealthStatus:
     """Wait until the counter ``key`` of ``service``'s health details has grown by ``by`` from now (bounded): an

@@ -18,7 +18,7 @@ from agmarl_common.runtime import messages as m
 from agmarl_common.runtime import subjects
 from agmarl_common.runtime.bus import Bus
 from agmarl_common.core.cluster.model import ClusterState, Node, Pod, bind, state_to_dict, to_dict
-from agmarl_testing.fixtures import health_until, wait_healthy
+from agmarl_testing.fixtures import decisions_taken_up, health_until, wait_healthy
 
 CLUSTER = "reward-it"
 
@@ -44,12 +44,6 @@ async def held(bus: Bus, n: int, cluster: str = CLUSTER) -> bool:
     """Every decision delivered, ``n`` of them not acked yet."""
     info = await bus.js.consumer_info(subjects.DECISIONS.name, subjects.durable("reward-calculator", cluster))
     return info.num_pending == 0 and info.num_ack_pending == n
-
-
-async def delivered(bus: Bus, unacked: int, cluster: str = CLUSTER) -> bool:
-    """Every decision delivered, at least ``unacked`` of them not acked yet."""
-    info = await bus.js.consumer_info(subjects.DECISIONS.name, subjects.durable("reward-calculator", cluster))
-    return info.num_pending == 0 and info.num_ack_pending >= unacked
 
 
 async def all_acked(bus: Bus, cluster: str = CLUSTER) -> bool:
@@ -101,7 +95,7 @@ async def test_components_scheme_and_experience_dedup(nats_url, service_processe
         await bus.js_publish(subjects.decision(CLUSTER, "default"), decision("ok-2", "s", "a"))
         # the decisions reach the process before the snapshot that settles them (a snapshot first would leave them
         # for the next one, which this test never sends; refused-1 may be settled by its event already)
-        assert await until(lambda: delivered(bus, 2)), proc.output()[-3000:]
+        await decisions_taken_up(bus, CLUSTER, proc=proc)
         await bus.publish(subjects.snapshot(CLUSTER), snapshot(3, ("p", "r", "s")))  # r is on a, not b
         assert await until(lambda: rewarded(2)) and await until(lambda: all_acked(bus)), proc.output()[-3000:]
         assert [r.decision_id for r in rewards] == ["dedup-1", "ok-2"]

@@ -14,7 +14,7 @@ from agmarl_common.runtime import subjects
 from agmarl_common.runtime.bus import Bus
 from agmarl_common.core.cluster.compact import compact_state, deflated
 from agmarl_common.core.cluster.model import ClusterState, Node, Pod, bind, state_from_dict, state_to_dict, to_dict
-from agmarl_testing.fixtures import ask_health, wait_healthy
+from agmarl_testing.fixtures import ask_health, decisions_taken_up, wait_healthy
 from agmarl_common.core.features import POD_FEATURES
 from agmarl_trainer.experience import ExperienceBuffer, decode_decision, experience_samples, mirror_retry_due, \
     read_experience, reward_threshold
@@ -324,6 +324,7 @@ async def test_live_experience_from_the_reward_calculator_becomes_samples(nats_u
             await seen_snapshot(bus, snap.seq)
             dec.seen_at = dec.decided_at = time.time()
             await bus.js_publish(subjects.decision(live, "default"), dec)
+        await decisions_taken_up(bus, live, proc=proc)  # the last decision held before the snapshot that settles it
         await bus.publish(subjects.snapshot(live), final)
         await bus.flush()
         got: list[m.Experience] = []
