@@ -1,11 +1,14 @@
 """What each snapshot costs the reward-calculator before any decision's own work: reading the compact snapshot the
 state-collector publishes (``SnapshotView.cluster_state``, which the reward reads) and finding where the held
-decisions' pods are (``SnapshotView.placement``, what ``ledger.verdict`` asks of every snapshot).
+decisions' pods are (``SnapshotView.placement``, what ``ledger.verdict`` asks of every snapshot). Also the codec's
+two halves alone: ``compact_snapshot`` (the state-collector writing a snapshot) and ``state_from_snapshot`` (every
+consumer reading one).
 
     nice .venv/bin/python benchmarks/snapshot_view.py                      # 1,523 openb nodes, 3,000 pods bound
     nice .venv/bin/python benchmarks/snapshot_view.py --bound 2000 --lookups 50
 
-Prints the median and p90 in ms per snapshot over ``--snapshots`` fresh views of the same snapshot.
+Prints the median and p90 in ms per snapshot over ``--snapshots`` fresh views of the same snapshot, and the medians
+of ``compact_snapshot`` and ``state_from_snapshot`` over as many calls.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import time
 
 import numpy as np
 
-from agmarl_common.core.cluster.compact import compact_snapshot
+from agmarl_common.core.cluster.compact import compact_snapshot, state_from_snapshot
 from agmarl_common.core.cluster.filters import feasible_nodes
 from agmarl_common.core.cluster.model import ClusterState, bind, choose_gpus, to_dict
 from agmarl_common.core.sim.traces import load_openb_nodes, load_openb_pods
@@ -50,6 +53,14 @@ def main() -> int:
         spent.append(1000 * (time.perf_counter() - started))
     print(f"{state.n_nodes} nodes, {len(bound)} pods bound, {len(pending)} pending, {len(keys)} placements looked "
           f"up: per snapshot median {np.median(spent):.1f} ms, p90 {np.percentile(spent, 90):.1f} ms")
+    for name, call in (("compact_snapshot", lambda: compact_snapshot(state)),
+                       ("state_from_snapshot", lambda: state_from_snapshot(msg.state))):
+        times = []
+        for _ in range(args.snapshots):
+            started = time.perf_counter()
+            call()
+            times.append(1000 * (time.perf_counter() - started))
+        print(f"{name}: median {np.median(times):.1f} ms")
     return 0
 
 
