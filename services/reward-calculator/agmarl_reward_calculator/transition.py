@@ -101,7 +101,7 @@ class SnapshotView:
         if is_snapshot(self.msg.state):
             for i, row in enumerate(self.cluster_state().bound):
                 for j, p in enumerate(row):
-                    bound[f"{p.namespace}/{p.name}"] = (i, j)
+                    bound[p.key] = (i, j)
         else:
             self._raw = bound_pod_dicts(self.msg.state)
             for i, row in enumerate(self._raw):
