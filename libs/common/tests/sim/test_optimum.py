@@ -7,7 +7,7 @@ from agmarl_common.core.policies.joint import JointPlacer
 from agmarl_common.core.sim.batches import BatchPlan, SequentialPlacer, run_batches
 
 pytest.importorskip("highspy")
-from agmarl_common.core.sim.optimum import max_gpu_packing  # noqa: E402 - needs highspy (requirements-dev)
+from agmarl_common.core.sim.optimum import device_ceiling, max_gpu_packing  # noqa: E402 - needs highspy (dev)
 
 
 def pod(name, cpu=1000, num=1, milli=1000, mem=1024, **kw):
@@ -60,3 +60,48 @@ def test_a_start_is_kept_as_the_first_incumbent():
     assert opt.value_milli >= r.used_milli[-1] and opt.value_milli == 2000
     assert max_gpu_packing(NODES, [], time_limit_s=1).value_milli == 0
     assert ClusterState.empty(NODES).n_nodes == 2
+
+
+@pytest.mark.parametrize("devices, pods, must, best", [
+    # 700 + 300 twice fills both devices; a greedy pairing of the two 300s would strand a 700
+    (2, [pod("s1", milli=300), pod("s2", milli=300), pod("l1", milli=700), pod("l2", milli=700)], 0, 2000),
+    (1, [pod("s1", milli=300), pod("s2", milli=300), pod("l1", milli=700), pod("l2", milli=700)], 0, 1000),
+    # free to drop the 810, the 600 + 400 fill the device; made to place it, nothing else fits beside it
+    (1, [pod("a", milli=810), pod("b", milli=600), pod("c", milli=400)], 0, 1000),
+    (1, [pod("a", milli=810), pod("b", milli=600), pod("c", milli=400)], 1, 810),
+    # a 2-GPU pod takes two devices; the share beside it has none left
+    (2, [pod("w", num=2), pod("s", milli=500)], 0, 2000),
+    (2, [pod("s", milli=500), pod("w", num=2)], 1, 1500),  # relaxed: the whole pod takes one device of its two
+    # shares of any granularity (gcd 1 milli) and CPU-only pods, which add nothing
+    (1, [pod("a", milli=333), pod("b", milli=334), pod("c", milli=333), pod("z", num=0, milli=0)], 0, 1000),
+])
+def test_the_device_ceiling_is_exact_bin_packing_on_literal_cases(devices, pods, must, best):
+    c = device_ceiling(pods, devices, must_place=must, time_limit_s=10)
+    assert c.optimal and c.value_milli == c.bound_milli == best
+
+
+def test_the_device_ceiling_refuses_what_cannot_all_be_placed():
+    c = device_ceiling([pod("a", milli=810), pod("b", milli=810)], 1, must_place=2, time_limit_s=10)
+    assert not c.optimal and c.value_milli == 0 and c.status == "Infeasible"
+
+
+def test_the_device_ceiling_is_above_the_exact_optimum_and_every_placer():
+    """With CPU, memory, models and nodes left out it can only be higher than max_gpu_packing's optimum,
+    which is above what a placer reaches; on openb shapes and mixed nodes it must stay above both."""
+    rng = np.random.default_rng(7)
+    milli = [1000, 1000, 810, 650, 470, 460, 320, 230, 160]
+    for trial in range(4):
+        nodes = tuple(t4(f"n{i}", gpus=int(rng.choice([1, 2, 4])), cpu=int(rng.choice([8000, 32000])))
+                      for i in range(5))
+        pods = [pod(f"p{trial}-{k}", cpu=int(rng.choice([1000, 4000, 12000])), milli=int(m),
+                    num=2 if m == 1000 and rng.random() < 0.3 else 1)
+                for k, m in enumerate(rng.choice(milli, size=14))]
+        devices = sum(nd.gpu_count for nd in nodes)
+        opt = max_gpu_packing(nodes, pods, time_limit_s=10)
+        ceiling = device_ceiling(pods, devices, time_limit_s=10)
+        assert opt.optimal and ceiling.optimal
+        assert ceiling.value_milli >= opt.value_milli
+        plan = BatchPlan(nodes=nodes, groups=tuple((p,) for p in pods), rank=np.arange(len(nodes)))
+        placed = run_batches(plan, SequentialPlacer(FgdPolicy(0)), pods).used_milli[-1]
+        # FGD drops only what no node takes, so it places the first pod: the ceiling made to place it too
+        assert device_ceiling(pods, devices, must_place=1, time_limit_s=10).value_milli >= placed

@@ -186,3 +186,91 @@ def max_gpu_packing(nodes: Sequence[Node], pods: Sequence[Pod], time_limit_s: fl
     optimal = h.getModelStatus() == highspy.HighsModelStatus.kOptimal
     return Packing(value_milli=round(value, 3), bound_milli=round(value if optimal else bound, 3),
                    optimal=optimal, status=status, pods_placed=placed)
+
+
+def device_ceiling(pods: Sequence[Pod], devices: int, must_place: int = 0,
+                   time_limit_s: float = DEFAULT_TIME_LIMIT_S) -> Packing:
+    """An upper bound on the GPU milli any placement of ``pods`` allocates on a cluster of ``devices`` GPUs,
+    cheap at any cluster size: every device is one bin of 1000 milli and everything else is left out (CPU,
+    memory, pod counts, GPU models, and which node a device is on: a k-GPU pod takes k devices anywhere, and
+    may take only some of them; a pod with shares on k devices is k shares). What is left is one-dimensional
+    bin packing of the shares, solved exactly as an arc-flow programme (Valerio de Carvalho 1999): positions
+    on a device in steps of the shares' greatest common divisor, only those some shares can fill a device up
+    to; an arc per share size and start position, a loss arc to the next position; an integer flow of d paths
+    is a packing of d devices. Beside it the devices taken whole: maximise 1000 x devices taken whole + the
+    milli of the shares placed, with devices taken whole + devices holding shares <= ``devices``.
+
+    ``must_place``: the first ``must_place`` pods are all placed (per size: at least as many as they count).
+    A placer that is never free to drop a pod that fits (the inflation protocol drops only a pod no node can
+    take) places every pod arriving before the cluster fills; this bounds the placers that drop none of those.
+    Infeasible (no such packing exists) gives ``status`` "Infeasible" and value 0. ``pods_placed`` counts the
+    shares placed (whole-GPU pods are relaxed to devices and not counted).
+
+    With every constraint it leaves out holding, ``max_gpu_packing``'s optimum is at most this (tested)."""
+    firsts = [p for p in list(pods)[:must_place] if p.num_gpu > 0 and p.gpu_milli > 0]
+    pods = [p for p in pods if p.num_gpu > 0 and p.gpu_milli > 0]
+    shares: Counter = Counter()
+    must: Counter = Counter()
+    for group, counts in ((pods, shares), (firsts, must)):
+        for p in group:
+            if p.gpu_milli < GPU_MILLI:
+                counts[p.gpu_milli] += p.num_gpu  # a share on each of its devices
+    whole = sum(p.num_gpu for p in pods if p.gpu_milli >= GPU_MILLI)
+    must_whole = sum(p.num_gpu for p in firsts if p.gpu_milli >= GPU_MILLI)
+    step = int(np.gcd.reduce([GPU_MILLI] + list(shares)))
+    size = GPU_MILLI // step
+    reach = np.zeros(size + 1, bool)  # positions some shares can fill a device up to
+    reach[0] = True
+    for milli in sorted(shares):
+        for _ in range(min(shares[milli], size // (milli // step))):
+            reach[milli // step:] |= reach[:size + 1 - milli // step]
+    starts = np.flatnonzero(reach[:size]).tolist()  # where a share can start (the end is no start)
+    arcs = [(a, a + milli // step, milli) for milli in sorted(shares) for a in starts
+            if a + milli // step <= size and reach[a + milli // step]]
+    arcs += list(zip(starts, starts[1:] + [size], [0] * len(starts)))  # loss: milli left empty on a device
+    n = len(arcs)
+    z, w = n, n + 1  # devices holding shares, devices taken whole
+    inf = highspy.kHighsInf
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("threads", 1)
+    h.setOptionValue("time_limit", float(time_limit_s))
+    h.setOptionValue("mip_rel_gap", 0.0)  # a ceiling: "optimal" must mean proven, not within HiGHS's 1e-4
+    lower = np.zeros(n + 2)
+    upper = np.full(n + 2, inf)
+    upper[z], lower[w], upper[w] = float(devices), float(must_whole), float(whole)
+    cost = np.array([float(milli) for _, _, milli in arcs] + [0.0, float(GPU_MILLI)])
+    h.addVars(n + 2, lower, upper)
+    h.changeColsCost(n + 2, np.arange(n + 2, dtype=np.int32), cost)
+    leaving: dict[int, list[int]] = {a: [] for a in starts + [size]}
+    entering: dict[int, list[int]] = {a: [] for a in starts + [size]}
+    for j, (a, b, _) in enumerate(arcs):
+        leaving[a].append(j)
+        entering[b].append(j)
+
+    def row(lo: float, hi: float, idx: list[int], vals: list[float]) -> None:
+        h.addRow(lo, hi, len(idx), np.array(idx, dtype=np.int32), np.array(vals, dtype=np.float64))
+
+    row(0.0, 0.0, leaving[0] + [z], [1.0] * len(leaving[0]) + [-1.0])  # z devices start empty ...
+    row(0.0, 0.0, entering[size] + [z], [1.0] * len(entering[size]) + [-1.0])  # ... and end full
+    for a in starts[1:]:
+        row(0.0, 0.0, entering[a] + leaving[a], [1.0] * len(entering[a]) + [-1.0] * len(leaving[a]))
+    for milli in sorted(shares):
+        idx = [j for j, (_, _, m) in enumerate(arcs) if m == milli]
+        row(float(must[milli]), float(shares[milli]), idx, [1.0] * len(idx))
+    row(-inf, float(devices), [z, w], [1.0, 1.0])
+    h.changeObjectiveSense(highspy.ObjSense.kMaximize)
+    h.changeColsIntegrality(n + 2, np.arange(n + 2, dtype=np.int32),
+                            np.array([highspy.HighsVarType.kInteger] * (n + 2)))
+    h.run()
+    status = h.modelStatusToString(h.getModelStatus())
+    info = h.getInfo()
+    if not info.primal_solution_status:
+        return Packing(0.0, 0.0, False, status, 0)
+    x = np.rint(np.asarray(h.getSolution().col_value))
+    optimal = h.getModelStatus() == highspy.HighsModelStatus.kOptimal
+    value = float(info.objective_function_value)
+    placed = int(x[:n][[milli > 0 for _, _, milli in arcs]].sum())
+    bound = value if optimal else float(info.mip_dual_bound)
+    return Packing(value_milli=round(value, 3), bound_milli=round(bound, 3), optimal=optimal, status=status,
+                   pods_placed=placed)
