@@ -70,7 +70,8 @@ def run(job: Job) -> dict:
     for label, pct in [("free", None)] + [(f"must {m:g}", m) for m in job.must]:
         must = 0 if pct is None else int((arrived <= pct / 100 * total).sum())
         c = device_ceiling(arrivals[:upto], devices, must_place=must)
-        out[label] = round(100.0 * c.bound_milli / total, 3) if c.optimal else float("nan")
+        infeasible = c.status == "Infeasible"  # more pods must be placed than any packing holds
+        out[label] = float("nan") if infeasible else round(100.0 * c.bound_milli / total, 3)
         out[label + " status"] = c.status
     out["cpu_s"] = time.process_time() - t0
     return out

@@ -44,8 +44,8 @@ DEFAULT_TIME_LIMIT_S = 30.0
 @dataclass(frozen=True)
 class Packing:
     value_milli: float  # GPU milli of the best placement found
-    bound_milli: float  # proven upper bound on the optimum (== value_milli when optimal)
-    optimal: bool
+    bound_milli: float  # proven upper bound on the optimum (HiGHS's dual bound; >= value_milli)
+    optimal: bool  # proven optimal within the solver's relative gap (max_gpu_packing: HiGHS's 1e-4; device_ceiling: 0)
     status: str
     pods_placed: int  # GPU pods in the best placement found
 
@@ -183,8 +183,8 @@ def max_gpu_packing(nodes: Sequence[Node], pods: Sequence[Pod], time_limit_s: fl
     value = float(info.objective_function_value) if info.primal_solution_status else 0.0
     bound = float(info.mip_dual_bound)
     placed = int(round(sum(x[c] for c in list(z.values()) + list(y.values()))))
-    optimal = h.getModelStatus() == highspy.HighsModelStatus.kOptimal
-    return Packing(value_milli=round(value, 3), bound_milli=round(value if optimal else bound, 3),
+    optimal = h.getModelStatus() == highspy.HighsModelStatus.kOptimal  # within HiGHS's relative gap (1e-4)
+    return Packing(value_milli=round(value, 3), bound_milli=round(max(value, bound), 3),
                    optimal=optimal, status=status, pods_placed=placed)
 
 
@@ -203,7 +203,8 @@ def device_ceiling(pods: Sequence[Pod], devices: int, must_place: int = 0,
     ``must_place``: the first ``must_place`` pods are all placed (per size: at least as many as they count).
     A placer that is never free to drop a pod that fits (the inflation protocol drops only a pod no node can
     take) places every pod arriving before the cluster fills; this bounds the placers that drop none of those.
-    Infeasible (no such packing exists) gives ``status`` "Infeasible" and value 0. ``pods_placed`` counts the
+    Infeasible (no such packing exists) gives ``status`` "Infeasible" and value and bound 0; a run stopped by
+    ``time_limit_s`` gives HiGHS's proven bound (still a ceiling) and the best packing it found. ``pods_placed`` counts the
     shares placed (whole-GPU pods are relaxed to devices and not counted).
 
     With every constraint it leaves out holding, ``max_gpu_packing``'s optimum is at most this (tested)."""
@@ -265,12 +266,13 @@ def device_ceiling(pods: Sequence[Pod], devices: int, must_place: int = 0,
     h.run()
     status = h.modelStatusToString(h.getModelStatus())
     info = h.getInfo()
-    if not info.primal_solution_status:
+    optimal = h.getModelStatus() == highspy.HighsModelStatus.kOptimal  # proven: the relative gap is 0
+    if h.getModelStatus() == highspy.HighsModelStatus.kInfeasible:
         return Packing(0.0, 0.0, False, status, 0)
-    x = np.rint(np.asarray(h.getSolution().col_value))
-    optimal = h.getModelStatus() == highspy.HighsModelStatus.kOptimal
-    value = float(info.objective_function_value)
+    found = bool(info.primal_solution_status)
+    x = np.rint(np.asarray(h.getSolution().col_value)) if found else np.zeros(n + 2)
+    value = float(info.objective_function_value) if found else 0.0
     placed = int(x[:n][[milli > 0 for _, _, milli in arcs]].sum())
-    bound = value if optimal else float(info.mip_dual_bound)
+    bound = value if optimal else max(value, float(info.mip_dual_bound))
     return Packing(value_milli=round(value, 3), bound_milli=round(bound, 3), optimal=optimal, status=status,
                    pods_placed=placed)
