@@ -158,23 +158,25 @@ def placed_pod(key: str, before: SnapshotView | None, after: SnapshotView,
 
 
 def decision_credit(d: m.Decision, before: SnapshotView | None, reference: Policy,
-                    scheme: RewardScheme | None = None) -> dict[str, Any]:
+                    scheme: RewardScheme | None = None, arrived: dict[str, Any] | None = None) -> dict[str, Any]:
     """The credit of decision ``d`` on the cluster it was made on (``before``), against ``reference``'s
     placement of the same pod there; ``{"missing": why}`` when it cannot be computed: no_snapshot, unschedulable
     (no node chosen), raced (the snapshot already shows the pod bound), unknown_pod, unknown_node,
-    invalid_state."""
+    invalid_state. ``arrived``: the pod as it was pending (``placed_pod`` from a later snapshot or its
+    ``pod_bound`` event) when it arrived after ``before`` was taken: credited on ``before``'s cluster, as the
+    experience's own state is (without it such a pod is unknown_pod)."""
     if before is None:
         return {"missing": "no_snapshot"}
     if not d.node:
         return {"missing": "unschedulable"}
     found = before.pod(d.pod_key)
-    if found is None:
+    if found is None and arrived is None:
         return {"missing": "unknown_pod"}
-    if found[1] == _BOUND:
+    if found is not None and found[1] == _BOUND:
         return {"missing": "raced"}
     try:
         state = before.cluster_state()
-        pod = pod_from_dict(found[0])  # pending: no node, no devices
+        pod = pod_from_dict(found[0] if found is not None else arrived)  # pending: no node, no devices
     except (TypeError, ValueError, KeyError, AttributeError):
         return {"missing": "invalid_state"}
     node = state.index.get(d.node)

@@ -232,3 +232,28 @@ def test_each_decision_carries_its_own_credit_against_the_reference_policy():
     assert decision_credit(packed, after_a, kube) == {"missing": "raced"}
     assert decision_credit(decision(Pod("ghost", 1, 1), "a"), before, kube) == {"missing": "unknown_pod"}
     assert decision_credit(packed.model_copy(update={"node": "zz"}), before, kube) == {"missing": "unknown_node"}
+
+
+def test_a_pod_that_arrived_after_the_snapshot_is_credited_from_where_it_was_seen_later():
+    """A pod announced after the last snapshot before its decision is in no snapshot while pending; the later
+    snapshot (or its pod_bound event) gives its spec, and the credit is the one on the earlier snapshot's cluster,
+    the same as for a pod that snapshot had seen pending."""
+    from agmarl_common.core.credit import reference_credit
+    from agmarl_common.core.policies.kube import KubeDefaultPolicy
+    from agmarl_reward_calculator.transition import decision_credit, placed_pod
+
+    kube = KubeDefaultPolicy()
+    web = Pod("web", 1500, 1024)
+    before = snap(1, ((OLD, 0, ()),))  # web not announced yet
+    after_a = snap(2, ((OLD, 0, ()), (web, 0, ())))
+    packed = decision(web, "a").model_copy(update={"gpus": []})
+    assert decision_credit(packed, before, kube) == {"missing": "unknown_pod"}
+    arrived = placed_pod(packed.pod_key, None, after_a)
+    assert arrived is not None and not arrived.get("node_name")
+    credit = decision_credit(packed, before, kube, arrived=arrived)
+    want, _ = reference_credit(before.cluster_state(), web, 0, (), kube)
+    assert credit["reference_node"] == "b" and credit["total"] == pytest.approx(want.total) and credit["total"] < 0
+    # the same number as when the earlier snapshot had it pending
+    assert credit == decision_credit(packed, snap(1, ((OLD, 0, ()),), (web,)), kube)
+    # a snapshot that shows it bound already is still a race, whatever was seen later
+    assert decision_credit(packed, after_a, kube, arrived=arrived) == {"missing": "raced"}
