@@ -13,6 +13,8 @@ extender on a free port), and plays the two parts around them:
   (``NodeNames``, the v1.Pod as the API server returns it), over one keep-alive HTTP/1.1 connection.
   kube-scheduler's own filter passes every node (the pods are small), so the extender sees every node
   name; the host is picked among the top extender scores at random, as ``selectHost`` breaks ties.
+  Pods follow each other back to back unless ``--gap-ms`` gives kube-scheduler's own time between one pod's
+  extender calls and the next's (slept: the rest of its cycle and the next pod's own plugins, which run there).
 
 It reports the time the extender adds per pod (the sum of its verbs' round trips, answer parsed: p50,
 p99, mean, max), every answer's round trip against the budget, the fallbacks the service counted, the
@@ -69,6 +71,7 @@ class ExtenderBenchSpec:
     budget_ms: int = 100
     watch_ms: float = 50.0  # the watch reports bindings (graph-builder's deltas) this often
     warmup: int = 50  # pods driven first, not measured (their bindings count in the spread)
+    gap_ms: float = 0.0  # kube-scheduler's own time between one pod's extender calls and the next's (0: none)
     cpu: str = "100m"
     memory: str = "128Mi"
     seed: int = 0
@@ -322,6 +325,8 @@ def run_extender_bench(spec: ExtenderBenchSpec) -> dict[str, Any]:
                 if k == spec.warmup:
                     before, started = scrape_fallbacks(metrics_port), time.perf_counter()
                     cpu0 = process_cpu_seconds({"inference": proc.pid})
+                if spec.gap_ms > 0 and k:  # the rest of kube-scheduler's cycle and the next pod's own plugins
+                    time.sleep(spec.gap_ms / 1000.0)
                 r = drive_pod(client, k, spec, verbs, names, names_json, rng)
                 if r["node"]:
                     key = f"{NAMESPACE}/bench-{k}"
@@ -376,7 +381,7 @@ def _report(spec: ExtenderBenchSpec, config: str, verbs: list[str], added: list[
     return {
         "bench": "extender", "nodes": spec.nodes, "pods": len(added), "warmup": spec.warmup, "verbs": verbs,
         "config": config, "policy": spec.policy, "mode": spec.mode, "budget_ms": spec.budget_ms,
-        "watch_ms": spec.watch_ms,
+        "watch_ms": spec.watch_ms, "gap_ms": spec.gap_ms,
         "added_ms": {"p50": _pct(added, 50), "p99": _pct(added, 99), "mean": round(mean_ms, 3),
                      "max": _pct(added, 100)},
         "verb_ms": {v: {"p50": _pct(ts, 50), "p99": _pct(ts, 99), "max": _pct(ts, 100)} for v, ts in per_verb.items()},

@@ -176,6 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     ext.add_argument("--verbs", default="", help="override: e.g. filter,prioritize,bind")
     ext.add_argument("--budget-ms", type=int, default=100)
     ext.add_argument("--watch-ms", type=float, default=50.0, help="the watch reports bindings this often")
+    ext.add_argument("--gap-ms", type=float, default=0.0,
+                     help="kube-scheduler's own time between two pods' extender calls (slept; default 0)")
     ext.add_argument("--warmup", type=int, default=50)
     ext.add_argument("--seed", type=int, default=0)
     ext.add_argument("--json", default=None, metavar="OUT.json")
@@ -215,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         from agmarl_cli.extender_bench import ExtenderBenchSpec, extender_command  # noqa: PLC0415
         return extender_command(ExtenderBenchSpec(
             nodes=args.nodes, pods=args.pods, policy=args.policy, mode=args.mode, config=args.config,
-            verbs=args.verbs, budget_ms=args.budget_ms, watch_ms=args.watch_ms, warmup=args.warmup,
+            verbs=args.verbs, budget_ms=args.budget_ms, watch_ms=args.watch_ms, gap_ms=args.gap_ms, warmup=args.warmup,
             seed=args.seed), args.json)
     if args.cmd == "bench":
         from agmarl_cli.bench import BenchSpec, latency_command  # noqa: PLC0415

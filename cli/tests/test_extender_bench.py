@@ -32,6 +32,18 @@ def test_bench_extender_spreads_2000_pods_and_logs_every_binding(tmp_path):
     assert 0 < report["rate_fraction"] < 1 and "extender on 100 nodes" in run.stdout
 
 
+def test_bench_extender_waits_kube_schedulers_own_time_between_pods(tmp_path):
+    out = tmp_path / "gap.json"
+    run = subprocess.run([sys.executable, "-m", "agmarl_cli.main", "bench", "extender", "--nodes", "10", "--pods",
+                          "40", "--warmup", "0", "--gap-ms", "25", "--json", str(out)], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["gap_ms"] == 25 and report["pods"] == 40 and report["decision_log"]["missing"] == 0
+    # 39 gaps of 25 ms slept between the 40 pods: at most 40 / 0.975 s driven
+    assert report["pods_per_s_driven"] <= 40 / (39 * 0.025)
+
+
 def test_select_host_breaks_ties_among_the_top_scores_only():
     rng = np.random.default_rng(0)
     names = ["a", "b", "c", "d"]
