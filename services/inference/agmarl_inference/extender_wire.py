@@ -177,16 +177,27 @@ def request_names(args: ExtenderArgs) -> list[str]:
     return list(args.NodeNames or [])
 
 
-_PREFIXES: dict[tuple[str, ...], list[str]] = {}  # node names -> their '{"Host":"<name>","Score":' (last few lists)
+# node names -> per host its entry for each score 0..MAX_EXTENDER_SCORE ('{"Host":"<name>","Score":<s>}'), for the
+# last few node lists
+_ENTRIES: dict[tuple[str, ...], list[list[str]]] = {}
 
 
 def priorities_json(scores: dict[str, int]) -> bytes:
-    """A HostPriorityList, written directly: no per-host objects (1,500 of them per call otherwise); the
-    hosts' JSON is kept for the last few node lists (kube-scheduler sends the same names pod after pod)."""
+    """A HostPriorityList, written directly: no per-host objects (1,500 of them per call otherwise). For the last
+    few node lists (kube-scheduler sends the same names pod after pod) every host's entry is kept for each score an
+    answer can give, so an answer is one lookup a host and one join (a score outside 0..10 is written out)."""
     hosts = tuple(scores)
-    prefixes = _PREFIXES.get(hosts)
-    if prefixes is None:
-        if len(_PREFIXES) >= 4:
-            _PREFIXES.clear()
-        prefixes = _PREFIXES[hosts] = ['{"Host":' + json.dumps(h) + ',"Score":' for h in hosts]
-    return ("[" + ",".join([f"{p}{int(v)}}}" for p, v in zip(prefixes, scores.values())]) + "]").encode()
+    entries = _ENTRIES.get(hosts)
+    if entries is None:
+        if len(_ENTRIES) >= 4:
+            _ENTRIES.clear()
+        entries = _ENTRIES[hosts] = [[f'{{"Host":{json.dumps(h)},"Score":{v}}}' for v in range(MAX_EXTENDER_SCORE + 1)]
+                                     for h in hosts]
+    values = list(scores.values())
+    try:
+        if values and min(values) < 0:
+            raise IndexError("negative score")
+        body = ",".join([e[v] for e, v in zip(entries, values)])
+    except (IndexError, TypeError):  # a score outside 0..10, or not an int
+        body = ",".join([f'{e[0][:-2]}{int(v)}}}' for e, v in zip(entries, values)])
+    return ("[" + body + "]").encode()

@@ -127,3 +127,26 @@ async def test_a_parse_that_outlasts_the_budget(nats_url):
         # too many nodes is still 413, however late
         many = json.dumps({"Pod": pod_json(), "NodeNames": [f"n{i}" for i in range(20_000)]}).encode()
         assert (await r.client.post("/filter", content=many)).status_code == 413
+
+
+def test_the_answer_is_the_json_of_the_host_priority_list_whatever_the_scores():
+    """priorities_json writes a HostPriorityList from per-host entries kept for each score 0..10: the same bytes
+    as serialising the list of {"Host", "Score"} objects, for names JSON must escape, every score, one node list
+    after another, and scores outside 0..10 (written out, never looked up from the wrong end)."""
+    import numpy as np
+
+    from agmarl_inference.extender_wire import priorities_json
+
+    def plain(scores):
+        return json.dumps([{"Host": h, "Score": int(v)} for h, v in scores.items()], separators=(",", ":")).encode()
+
+    rng = np.random.default_rng(3)
+    names = [f"node-{i}" for i in range(300)] + ['we"ird\\name', "ünïcode-node", "tab\there"]
+    for _ in range(6):  # the same node lists again and others: the kept entries serve only their own list
+        hosts = names if rng.random() < 0.5 else names[::-1][:200]
+        scores = dict(zip(hosts, rng.integers(0, 11, len(hosts)).tolist()))
+        assert priorities_json(scores) == plain(scores)
+    for odd in (-1, 11, 5.0, True):
+        scores = {"a": 3, "b": odd, "c": 10}
+        assert priorities_json(scores) == plain(scores), odd
+    assert priorities_json({}) == b"[]"
