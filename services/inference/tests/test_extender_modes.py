@@ -31,14 +31,16 @@ from agmarl_testing.extender import LOADED, observe_binding, pod_json, prioritiz
     ("canary", pod_json(labels={"canary": "no"}), "neutral"),
 ])
 async def test_rollout_modes(nats_url, mode, pod, expect):
+    # what each mode returns, not the budget: a request that outlasts 100 ms on a loaded machine falls back to a
+    # neutral answer (failed once in a CI rehearsal: canary, opted in, "neutral"), so the budget here is 5 s
     async with running(nats_url, rollout_mode=mode, canary_namespaces=["team-canary"],
-                       canary_label_selector="canary=true") as r:
+                       canary_label_selector="canary=true", extender_budget_ms=5000) as r:
         sub = await r.bus.subscribe(subjects.decision_wildcard(r.cluster))
         scores = await prioritize(r, pod)
         await observe_binding(r, pod, top(scores))  # the decision is logged once its binding is known
         decision = m.decode(m.Decision, (await sub.next_msg(timeout=3)).data)
         assert decision.bound_node == decision.node == top(scores)
-        assert decision.mode == mode and decision.explanation["returned"] == expect
+        assert decision.mode == mode and decision.explanation["returned"] == expect, decision.explanation
         model, default = np.array(list(decision.model_scores.values())), np.array(list(decision.default_scores.values()))
         if expect == "neutral":
             assert set(scores.values()) == {NEUTRAL_SCORE}
