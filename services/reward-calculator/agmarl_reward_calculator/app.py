@@ -50,7 +50,7 @@ from agmarl_common.runtime.service import HandlerContext, ServiceRuntime
 from agmarl_common.runtime.settings import load_settings
 from agmarl_reward_calculator.ledger import REWARD, WAIT, Held, snapshot_before, verdict
 from agmarl_reward_calculator.settings import RewardSettings
-from agmarl_reward_calculator.transition import SnapshotView, decision_credit, encoded_experience, placed_pod
+from agmarl_reward_calculator.transition import SnapshotView, decision_credit, encoded_experience
 
 SERVICE = "reward-calculator"
 PUBLISH_CHUNK = 256  # experiences published at once (their JetStream acks awaited together)
@@ -423,9 +423,8 @@ class RewardApp:
             stale = did in force and h.decision.node and view.placement(h.decision.pod_key) != h.decision.node
             credit = None
             if self.credit_reference is not None:
-                before = None if h.late else h.before
-                credit = (decision_credit(h.decision, before, self.credit_reference, self.scheme,
-                                          placed_pod(h.decision.pod_key, None, view, self.bound_pods.get(did)))
+                credit = (decision_credit(h.decision, None if h.late else h.before, self.credit_reference,
+                                          self.scheme, view, self.bound_pods.get(did))
                           if time.monotonic() < credit_until else {"missing": "budget"})
                 self.credits.labels(outcome=credit.get("missing", "computed")).inc()
             return encoded_experience(h.decision, h.before, view, total, self.settings.experience_max_bytes,

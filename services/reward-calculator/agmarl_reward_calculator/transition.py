@@ -144,7 +144,7 @@ class SnapshotView:
         return deflated(drop_pending(self._compact_state(), found[1]), self.shared())
 
 
-def placed_pod(key: str, before: SnapshotView | None, after: SnapshotView,
+def placed_pod(key: str, before: SnapshotView | None, after: SnapshotView | None,
                bound: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The decided pod as it was while pending (no node, no devices), from the snapshot before or after, else
     from ``bound`` (the pod as a ``pod_bound`` event carried it: a pod that left before any snapshot showed it)."""
@@ -158,25 +158,27 @@ def placed_pod(key: str, before: SnapshotView | None, after: SnapshotView,
 
 
 def decision_credit(d: m.Decision, before: SnapshotView | None, reference: Policy,
-                    scheme: RewardScheme | None = None, arrived: dict[str, Any] | None = None) -> dict[str, Any]:
+                    scheme: RewardScheme | None = None, after: SnapshotView | None = None,
+                    bound_pod: dict[str, Any] | None = None) -> dict[str, Any]:
     """The credit of decision ``d`` on the cluster it was made on (``before``), against ``reference``'s
     placement of the same pod there; ``{"missing": why}`` when it cannot be computed: no_snapshot, unschedulable
     (no node chosen), raced (the snapshot already shows the pod bound), unknown_pod, unknown_node,
-    invalid_state. ``arrived``: the pod as it was pending (``placed_pod`` from a later snapshot or its
-    ``pod_bound`` event) when it arrived after ``before`` was taken: credited on ``before``'s cluster, as the
-    experience's own state is (without it such a pod is unknown_pod)."""
+    invalid_state. A pod that arrived after ``before`` was taken (in no snapshot while pending) is credited on
+    ``before``'s cluster with its spec from ``after`` or ``bound_pod`` (``placed_pod``), as the experience's own
+    state is; without either it is unknown_pod."""
     if before is None:
         return {"missing": "no_snapshot"}
     if not d.node:
         return {"missing": "unschedulable"}
     found = before.pod(d.pod_key)
-    if found is None and arrived is None:
-        return {"missing": "unknown_pod"}
     if found is not None and found[1] == _BOUND:
         return {"missing": "raced"}
+    spec = found[0] if found is not None else placed_pod(d.pod_key, None, after, bound_pod)
+    if spec is None:
+        return {"missing": "unknown_pod"}
     try:
         state = before.cluster_state()
-        pod = pod_from_dict(found[0] if found is not None else arrived)  # pending: no node, no devices
+        pod = pod_from_dict(spec)  # pending: no node, no devices
     except (TypeError, ValueError, KeyError, AttributeError):
         return {"missing": "invalid_state"}
     node = state.index.get(d.node)

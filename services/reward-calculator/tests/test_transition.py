@@ -250,10 +250,10 @@ def test_a_pod_that_arrived_after_the_snapshot_is_credited_from_where_it_was_see
     assert decision_credit(packed, before, kube) == {"missing": "unknown_pod"}
     arrived = placed_pod(packed.pod_key, None, after_a)
     assert arrived is not None and not arrived.get("node_name")
-    credit = decision_credit(packed, before, kube, arrived=arrived)
+    credit = decision_credit(packed, before, kube, after=after_a)
     want, _ = reference_credit(before.cluster_state(), web, 0, (), kube)
     assert credit["reference_node"] == "b" and credit["total"] == pytest.approx(want.total) and credit["total"] < 0
     # the same number as when the earlier snapshot had it pending
     assert credit == decision_credit(packed, snap(1, ((OLD, 0, ()),), (web,)), kube)
     # a snapshot that shows it bound already is still a race, whatever was seen later
-    assert decision_credit(packed, after_a, kube, arrived=arrived) == {"missing": "raced"}
+    assert decision_credit(packed, after_a, kube, after=after_a) == {"missing": "raced"}
