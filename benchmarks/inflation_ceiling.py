@@ -32,7 +32,7 @@ import numpy as np
 
 from agmarl_cli.eval_spec import EvalSpec, load_nodes, load_workload, parse_seeds, resolve_policy
 from agmarl_common.core.cluster.model import GPU_MILLI
-from agmarl_common.core.sim.inflation import plan, run_inflation
+from agmarl_common.core.sim.inflation import arrived_bins, plan, run_inflation
 from agmarl_common.core.sim.optimum import device_ceiling
 
 
@@ -42,11 +42,6 @@ class Job:
     seed: int
     policy: str  # "" = the ceilings
     must: tuple[float, ...]
-
-
-def arrived_pct(arrived_milli: np.ndarray, total_milli: int) -> np.ndarray:
-    """% of capacity arrived, rounded as the protocol's bins round it (``inflation.binned_mean``)."""
-    return np.round(np.asarray(arrived_milli, dtype=np.float64) / (total_milli / GPU_MILLI) / 10)
 
 
 def run(job: Job) -> dict:
@@ -65,7 +60,7 @@ def run(job: Job) -> dict:
     devices = sum(nd.gpu_count for nd in nodes)
     total = devices * GPU_MILLI
     arrived = np.cumsum([p.gpu_milli_total for p in arrivals])
-    upto = int((arrived_pct(arrived, total) <= 100).sum())  # the pods arrived by the last event of the 100 % bin
+    upto = int((arrived_bins(arrived, total) <= 100).sum())  # the pods arrived by the last event of the 100 % bin
     out = {}
     for label, pct in [("free", None)] + [(f"must {m:g}", m) for m in job.must]:
         must = 0 if pct is None else int((arrived <= pct / 100 * total).sum())

@@ -98,11 +98,16 @@ class InflationResult:
         return binned_mean(self.arrived_milli, ratio, self.total_gpu_milli)
 
 
+def arrived_bins(arrived_milli: np.ndarray, total_gpu_milli: int) -> np.ndarray:
+    """The arrived-% bin of each event: GPU milli arrived as a % of capacity, rounded half-to-even to a whole %."""
+    return np.round(np.asarray(arrived_milli, dtype=np.float64) / (total_gpu_milli / GPU_MILLI) / 10)
+
+
 def binned_mean(arrived_milli: np.ndarray, values: np.ndarray, total_gpu_milli: int,
                 max_pct: int = MAX_ARRIVED_PCT) -> np.ndarray:
-    """Mean of ``values`` per arrived-% bin 0..max_pct (events rounded half-to-even to whole %),
-    falling back to the neighbouring bins +-1 when a bin is empty, as the paper's analysis does."""
-    pct = np.round(np.asarray(arrived_milli, dtype=np.float64) / (total_gpu_milli / GPU_MILLI) / 10)
+    """Mean of ``values`` per arrived-% bin 0..max_pct (``arrived_bins``), falling back to the neighbouring bins
+    +-1 when a bin is empty, as the paper's analysis does."""
+    pct = arrived_bins(arrived_milli, total_gpu_milli)
     values = np.asarray(values, dtype=np.float64)
     out = np.full(max_pct + 1, np.nan)
     for x in range(max_pct + 1):

@@ -45,7 +45,7 @@ DEFAULT_TIME_LIMIT_S = 30.0
 class Packing:
     value_milli: float  # GPU milli of the best placement found
     bound_milli: float  # proven upper bound on the optimum (HiGHS's dual bound; >= value_milli)
-    optimal: bool  # proven optimal within the solver's relative gap (max_gpu_packing: HiGHS's 1e-4; device_ceiling: 0)
+    optimal: bool  # proven optimal within the solver's relative gap (max_gpu_packing HiGHS's 1e-4, device_ceiling 0)
     status: str
     pods_placed: int  # GPU pods in the best placement found
 
@@ -100,10 +100,7 @@ def max_gpu_packing(nodes: Sequence[Node], pods: Sequence[Pod], time_limit_s: fl
         key = _shape(p) + (ok.tobytes(),)
         counts[key] += 1
         allowed[key] = ok
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("threads", 1)
-    h.setOptionValue("time_limit", float(time_limit_s))
+    h = _solver(time_limit_s)
     inf = highspy.kHighsInf
     cols: list[tuple[float, float, float, bool]] = []  # (cost, lo, hi, integer)
 
@@ -176,16 +173,10 @@ def max_gpu_packing(nodes: Sequence[Node], pods: Sequence[Pod], time_limit_s: fl
         sol.col_value = _incumbent(start, shapes, z, y, w, len(cols)).tolist()
         sol.value_valid = True
         h.setSolution(sol)
-    h.run()
-    status = h.modelStatusToString(h.getModelStatus())
-    info = h.getInfo()
-    x = np.asarray(h.getSolution().col_value) if info.primal_solution_status else np.zeros(len(cols))
-    value = float(info.objective_function_value) if info.primal_solution_status else 0.0
-    bound = float(info.mip_dual_bound)
+    status, optimal, x, value, bound = _solve(h, len(cols))
     placed = int(round(sum(x[c] for c in list(z.values()) + list(y.values()))))
-    optimal = h.getModelStatus() == highspy.HighsModelStatus.kOptimal  # within HiGHS's relative gap (1e-4)
-    return Packing(value_milli=round(value, 3), bound_milli=round(max(value, bound), 3),
-                   optimal=optimal, status=status, pods_placed=placed)
+    return Packing(value_milli=round(value, 3), bound_milli=round(bound, 3), optimal=optimal, status=status,
+                   pods_placed=placed)
 
 
 def device_ceiling(pods: Sequence[Pod], devices: int, must_place: int = 0,
@@ -204,8 +195,8 @@ def device_ceiling(pods: Sequence[Pod], devices: int, must_place: int = 0,
     A placer that is never free to drop a pod that fits (the inflation protocol drops only a pod no node can
     take) places every pod arriving before the cluster fills; this bounds the placers that drop none of those.
     Infeasible (no such packing exists) gives ``status`` "Infeasible" and value and bound 0; a run stopped by
-    ``time_limit_s`` gives HiGHS's proven bound (still a ceiling) and the best packing it found. ``pods_placed`` counts the
-    shares placed (whole-GPU pods are relaxed to devices and not counted).
+    ``time_limit_s`` gives HiGHS's proven bound (still a ceiling) and the best packing it found. ``pods_placed``
+    counts the shares placed (whole-GPU pods are relaxed to devices and not counted).
 
     With every constraint it leaves out holding, ``max_gpu_packing``'s optimum is at most this (tested)."""
     firsts = [p for p in list(pods)[:must_place] if p.num_gpu > 0 and p.gpu_milli > 0]
@@ -232,10 +223,7 @@ def device_ceiling(pods: Sequence[Pod], devices: int, must_place: int = 0,
     n = len(arcs)
     z, w = n, n + 1  # devices holding shares, devices taken whole
     inf = highspy.kHighsInf
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("threads", 1)
-    h.setOptionValue("time_limit", float(time_limit_s))
+    h = _solver(time_limit_s)
     h.setOptionValue("mip_rel_gap", 0.0)  # a ceiling: "optimal" must mean proven, not within HiGHS's 1e-4
     lower = np.zeros(n + 2)
     upper = np.full(n + 2, inf)
@@ -263,16 +251,30 @@ def device_ceiling(pods: Sequence[Pod], devices: int, must_place: int = 0,
     h.changeObjectiveSense(highspy.ObjSense.kMaximize)
     h.changeColsIntegrality(n + 2, np.arange(n + 2, dtype=np.int32),
                             np.array([highspy.HighsVarType.kInteger] * (n + 2)))
-    h.run()
-    status = h.modelStatusToString(h.getModelStatus())
-    info = h.getInfo()
-    optimal = h.getModelStatus() == highspy.HighsModelStatus.kOptimal  # proven: the relative gap is 0
+    status, optimal, x, value, bound = _solve(h, n + 2)
     if h.getModelStatus() == highspy.HighsModelStatus.kInfeasible:
         return Packing(0.0, 0.0, False, status, 0)
+    placed = int(np.rint(x[:n])[[milli > 0 for _, _, milli in arcs]].sum())
+    return Packing(value_milli=round(value, 3), bound_milli=round(value if optimal else bound, 3), optimal=optimal,
+                   status=status, pods_placed=placed)  # optimal with a gap of 0: the value is the bound
+
+
+def _solver(time_limit_s: float) -> highspy.Highs:
+    """A quiet, single-threaded HiGHS stopped by ``time_limit_s``."""
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("threads", 1)
+    h.setOptionValue("time_limit", float(time_limit_s))
+    return h
+
+
+def _solve(h: highspy.Highs, n_cols: int) -> tuple[str, bool, np.ndarray, float, float]:
+    """Run the model in ``h``: (status, proven optimal within its relative gap, column values (zeros without a
+    solution), the best value found (0 without one), the proven upper bound, never below that value)."""
+    h.run()
+    info = h.getInfo()
     found = bool(info.primal_solution_status)
-    x = np.rint(np.asarray(h.getSolution().col_value)) if found else np.zeros(n + 2)
+    x = np.asarray(h.getSolution().col_value) if found else np.zeros(n_cols)
     value = float(info.objective_function_value) if found else 0.0
-    placed = int(x[:n][[milli > 0 for _, _, milli in arcs]].sum())
-    bound = value if optimal else max(value, float(info.mip_dual_bound))
-    return Packing(value_milli=round(value, 3), bound_milli=round(bound, 3), optimal=optimal, status=status,
-                   pods_placed=placed)
+    optimal = h.getModelStatus() == highspy.HighsModelStatus.kOptimal
+    return h.modelStatusToString(h.getModelStatus()), optimal, x, value, max(value, float(info.mip_dual_bound))
