@@ -17,7 +17,11 @@ With ``--policies`` each policy runs the seed in-process (``run_inflation``, as 
 summary gives its mean allocation at 100 % and how much of the way from it to each ceiling ``--target`` is.
 
     .venv/bin/python benchmarks/inflation_ceiling.py [--workload default] [--seeds 42-51] [--must 90,95] \\
-        [--policies fgd,model:default] [--target 96.0] [--workers 2] [--json out.json]
+        [--policies fgd,model:default] [--target 96.0] [--workers 2] [--json out.json] [--detail]
+
+``--detail`` also prints, per seed, the one-GPU share sizes arrived by 100 % and, per policy, the milli its
+devices holding shares leave empty, by what each device holds (e.g. ``810 x965``: 965 devices each holding one
+810-milli share).
 """
 
 from __future__ import annotations
@@ -26,13 +30,14 @@ import argparse
 import json
 import time
 from concurrent.futures import ProcessPoolExecutor
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 import numpy as np
 
 from agmarl_cli.eval_spec import EvalSpec, load_nodes, load_workload, parse_seeds, resolve_policy
 from agmarl_common.core.cluster.model import GPU_MILLI
-from agmarl_common.core.sim.inflation import arrived_bins, plan, run_inflation
+from agmarl_common.core.sim.inflation import InflationResult, arrived_bins, plan, run_inflation
 from agmarl_common.core.sim.optimum import device_ceiling
 
 
@@ -55,13 +60,14 @@ def run(job: Job) -> dict:
         dropped = np.flatnonzero(res.node_index < 0)
         first = 100.0 * res.arrived_milli[dropped[0] + 1] / res.total_gpu_milli if dropped.size else float("nan")
         return {"alloc": float(res.allocation_curve()[100]), "first_drop_pct": round(float(first), 2),
-                "cpu_s": time.process_time() - t0}
+                "waste": waste_by_device(res), "cpu_s": time.process_time() - t0}
     arrivals, _ = plan(nodes, pods, np.random.default_rng(job.seed), spec.ratio, spec.tie_break)
     devices = sum(nd.gpu_count for nd in nodes)
     total = devices * GPU_MILLI
     arrived = np.cumsum([p.gpu_milli_total for p in arrivals])
     upto = int((arrived_bins(arrived, total) <= 100).sum())  # the pods arrived by the last event of the 100 % bin
-    out = {}
+    shares = Counter(p.gpu_milli for p in arrivals[:upto] if p.num_gpu == 1 and 0 < p.gpu_milli < GPU_MILLI)
+    out: dict = {"shares": {str(milli): n for milli, n in sorted(shares.items())}}
     for label, pct in [("free", None)] + [(f"must {m:g}", m) for m in job.must]:
         must = 0 if pct is None else int((arrived <= pct / 100 * total).sum())
         c = device_ceiling(arrivals[:upto], devices, must_place=must)
@@ -70,6 +76,22 @@ def run(job: Job) -> dict:
         out[label + " status"] = c.status
     out["cpu_s"] = time.process_time() - t0
     return out
+
+
+def waste_by_device(res: InflationResult, top: int = 8) -> list[tuple[str, int, int]]:
+    """The devices holding shares after the last event of the 100 % bin, by what they hold: (shares on the device,
+    devices holding them, milli left empty on them), the most milli left empty first."""
+    upto = int((arrived_bins(res.arrived_milli[1:], res.total_gpu_milli) <= 100).sum())
+    arrived = {p.name for p in res.pods[:upto]}
+    held: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for i, pods in enumerate(res.state.bound):
+        for p in pods:
+            if p.name in arrived and 0 < p.gpu_milli < GPU_MILLI:
+                for d in p.gpu_devices:
+                    held[i, d].append(p.gpu_milli)
+    kinds = Counter(tuple(sorted(v, reverse=True)) for v in held.values())
+    rows = [("+".join(map(str, k)), n, n * (GPU_MILLI - sum(k))) for k, n in kinds.items()]
+    return sorted(rows, key=lambda r: -r[2])[:top]
 
 
 def main() -> None:
@@ -81,6 +103,8 @@ def main() -> None:
     ap.add_argument("--target", type=float, default=96.0)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--json", help="write the per-seed figures and the summary here")
+    ap.add_argument("--detail", action="store_true",
+                    help="also print each seed's one-GPU share sizes and where each policy leaves milli empty")
     args = ap.parse_args()
     seeds = parse_seeds(args.seeds)
     must = tuple(float(x) for x in args.must.split(",") if x.strip())
@@ -95,7 +119,7 @@ def main() -> None:
     table: dict[int, dict] = {}
     for s in seeds:
         ceil = results[Job(args.workload, s, "", must)]
-        row = {lb: ceil[lb] for lb in labels}
+        row = {lb: ceil[lb] for lb in labels} | {"shares": ceil["shares"]}
         line = f"{s:<5} " + "  ".join(f"{ceil[lb]:9.3f}" for lb in labels)
         for p in policies:
             r = results[Job(args.workload, s, p, must)]
@@ -103,6 +127,13 @@ def main() -> None:
             line += f"  {r['alloc']:16.2f} ({r['first_drop_pct']:6.2f} %)"
         table[s] = row
         print(line)
+    for s in seeds if args.detail else []:
+        shares = table[s]["shares"]
+        print(f"seed {s}: {sum(shares.values())} one-GPU shares arrived by 100 %, by milli: "
+              + ", ".join(f"{k} x{n}" for k, n in shares.items()))
+        for p in policies:
+            print(f"  {p}: milli left empty on devices holding shares, by what they hold: "
+                  + ", ".join(f"{k} x{n} = {w:,}" for k, n, w in table[s][p]["waste"]))
     summary: dict[str, dict] = {}
     means = {lb: float(np.mean([table[s][lb] for s in seeds])) for lb in labels}
     print("mean  " + "  ".join(f"{means[lb]:9.3f}" for lb in labels))
