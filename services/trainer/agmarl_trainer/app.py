@@ -32,8 +32,11 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing
+import multiprocessing.util
 import os
+import shutil
 import signal
+import tempfile
 import time
 from pathlib import Path
 
@@ -110,6 +113,41 @@ def session_niceness(path: str = AUTOGROUP) -> int | None:
         return int(Path(path).read_text().split()[-1])
     except (OSError, ValueError, IndexError):
         return None
+
+
+TMP_PREFIX = "agmarl-trainer-"
+
+
+def private_tmp(root: Path | None = None) -> Path:
+    """``<root>/agmarl-trainer-<pid>`` (root: the system's temporary directory), this process's temporary
+    directory from now on, and its children's (``TMPDIR``: the fork server, the runs forked from it, their
+    workers and their own fork servers inherit it). A process ended by a signal leaves its multiprocessing
+    folders (``pymp-*``: a fork server's listening socket) behind; here they stay inside this one folder, and the
+    folders of trainers that no longer run are removed now, so trainers killed outright (SIGKILL, OOM) leave
+    at most one folder each until the next trainer starts. Short on purpose: a fork server's socket path must
+    fit AF_UNIX's 108 bytes (a folder inside a deep work directory did not)."""
+    root = Path(root if root is not None else tempfile.gettempdir())
+    for entry in root.glob(f"{TMP_PREFIX}*"):
+        pid = entry.name[len(TMP_PREFIX):]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(entry, ignore_errors=True)
+    mine = root / f"{TMP_PREFIX}{os.getpid()}"
+    mine.mkdir(mode=0o700, exist_ok=True)
+    os.environ["TMPDIR"] = tempfile.tempdir = str(mine)
+    # at an orderly exit, after multiprocessing removed its own folders in it (their finalizers: priority -100)
+    multiprocessing.util.Finalize(None, shutil.rmtree, args=(str(mine),), kwargs={"ignore_errors": True},
+                                  exitpriority=-200)
+    return mine
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: running
+        return True
+    return True
 
 
 def run_context() -> multiprocessing.context.BaseContext:
@@ -334,6 +372,7 @@ class TrainerApp:
 async def main() -> int:
     settings = load_settings(TrainerSettings)
     rt = ServiceRuntime(SERVICE, settings)
+    private_tmp()
     app = TrainerApp(rt, settings, Path(settings.state_dir) / "trainer" if settings.state_dir else WORK_DIR)
     rt.handle_request(subjects.train_request(), m.TrainRequest, m.TrainStatus)(app.on_request)
     rt.handle_stream(subjects.EXPERIENCE, subjects.experience(settings.cluster), f"trainer-{subjects.token(settings.cluster)}",

@@ -8,9 +8,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
+import subprocess
+import sys
+import tempfile
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -24,7 +29,14 @@ from agmarl_common.runtime.service import ServiceRuntime
 from agmarl_common.core.sim import synthetic
 from agmarl_testing.fixtures import wait_healthy
 from agmarl_testing.processes import ProcessWatch, descendants
-from agmarl_trainer.app import TrainerApp, config_for, nice_session, session_niceness, verdict_detail
+from agmarl_trainer.app import (
+    TrainerApp,
+    config_for,
+    nice_session,
+    private_tmp,
+    session_niceness,
+    verdict_detail,
+)
 from agmarl_trainer.settings import TrainerSettings
 
 
@@ -280,6 +292,29 @@ async def test_a_trainer_killed_outright_takes_every_process_of_its_run_with_it(
         survivors = watch.running(timeout=240)
         watch.kill(survivors)
     assert not survivors, [f"{p}: {tree[p][1][:120]}" for p in survivors]
+    # what the killed processes left (their fork servers' sockets) is in the trainer's one folder
+    left = Path(tempfile.gettempdir()) / f"agmarl-trainer-{proc.pid}"
+    assert list(left.glob("pymp-*")), sorted(p.name for p in Path(tempfile.gettempdir()).glob("agmarl-trainer-*"))
+    shutil.rmtree(left)  # as the next trainer to start would
+
+
+def test_a_trainer_keeps_its_temporary_files_in_one_folder_and_clears_what_dead_ones_left(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", os.environ.get("TMPDIR", "/tmp"))  # restored after the test
+    monkeypatch.setattr(tempfile, "tempdir", tempfile.tempdir)
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    dead, live = int(done.stdout), os.getppid()
+    for pid in (dead, live):
+        (tmp_path / f"agmarl-trainer-{pid}" / "pymp-x").mkdir(parents=True)
+    (tmp_path / "agmarl-trainer-notes").mkdir()
+    mine = private_tmp(tmp_path)
+    assert mine == tmp_path / f"agmarl-trainer-{os.getpid()}" and mine.is_dir()
+    assert os.environ["TMPDIR"] == str(mine) and tempfile.gettempdir() == str(mine)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"agmarl-trainer-{live}", f"agmarl-trainer-{os.getpid()}", "agmarl-trainer-notes"])
+    child = subprocess.run([sys.executable, "-c", "import tempfile; print(tempfile.gettempdir())"],
+                           capture_output=True, text=True, check=True)
+    assert child.stdout.strip() == str(mine)  # the run, its workers and their fork servers inherit it
 
 
 def test_health_details_say_whether_the_experience_file_is_behind_and_how_many_it_missed(tmp_path):
