@@ -101,6 +101,9 @@ class InferenceApp:
         self.apply_selection(policy, sel.model_version, sel)
 
     def apply_selection(self, policy, version: str, sel: m.PolicySelection) -> None:
+        # the objective the services serve: a model selection is built with it, a registry name that wraps a
+        # model (``cpu-first:model:default``) is told it here
+        brief(policy, objective=self.settings.objective)
         # the rollout mode is owned by the KV key ``rollout`` (set_mode), not by policy selections;
         # a selection in mode "canary" (safe exploration) only applies to opted-in pods
         if sel.mode == "canary":

@@ -28,3 +28,13 @@ def test_a_capped_selection_serves_the_policy_with_its_admission():
     app.select(m.PolicySelection(policy="capped:kube-default", mode="full", reason="gate: batch", time=time.time()))
     policy = app.policy_for(Pod("p", 1, 1, qos="BE"))[0]
     assert policy.name == "capped:kube-default" and callable(policy.admit)
+
+
+def test_a_selection_that_wraps_a_model_is_told_the_objective_the_services_serve():
+    settings = InferenceSettings(objective="allocation")
+    app = InferenceApp(ServiceRuntime("inference", settings), settings)
+    app.select(m.PolicySelection(policy="cpu-first:model:default", mode="full", reason="test", time=time.time()))
+    policy = app.policy_for(Pod("p", 1, 1))[0]
+    assert policy.name.startswith("cpu-first:model:") and policy.policy.objective == "allocation"
+    app.select(m.PolicySelection(policy="cpu-first:model:default", mode="canary", reason="explore", time=time.time()))
+    assert app.canary[0].policy.objective == "allocation"

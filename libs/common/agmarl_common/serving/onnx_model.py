@@ -37,7 +37,7 @@ from agmarl_common.core.features import (EDGE_FEATURES, NODE_FEATURES, POD_FEATU
 from agmarl_common.core.policies.base import PolicyBase
 from agmarl_common.core.policies.registry import MODEL_PREFIX  # noqa: F401  (re-exported)
 from agmarl_common.core.reward import SCHEMES
-from agmarl_common.core.sim.fragmentation import pod_shape
+from agmarl_common.core.sim.fragmentation import TargetWorkload, pod_shape
 
 EXPLAIN_TOP = 2  # candidates the feature contributions contrast: the pick and the runner-up
 TARGET_GROWTH = (16, 64, 256, 1024)  # seen-pod counts at which an implicit target workload is rebuilt
@@ -226,6 +226,12 @@ class OnnxModelPolicy(PolicyBase):
         with self._lock:
             self._observed = True
             self._new_context(FeatureContext.from_workload(pods, self.objective, self.scheme))
+
+    def target_workload(self) -> TargetWorkload | None:
+        """The target workload its features measure fragmentation against (observed or implicit); None before
+        the first pod."""
+        with self._lock:
+            return self._context.target if self._context is not None else None
 
     def set_objective(self, objective: str) -> None:
         """Optimise ``objective`` from now on (``features.OBJECTIVES``)."""

@@ -205,6 +205,12 @@ class FgdPolicy(PolicyBase):
         self.target = target_workload(pods)
         self._reset(())
 
+    def use_target(self, target: TargetWorkload) -> None:
+        """Measure fragmentation against ``target`` from now on (the memo is kept while it is the same)."""
+        if target is not self.target:
+            self.target = target
+            self._reset(())
+
     def _reset(self, nodes: tuple) -> None:
         self._nodes = nodes
         self._model_code = np.zeros(0, np.int64)

@@ -35,9 +35,12 @@ _loaded = False
 # name prefixes resolved by a function ``resolve(rest_of_name, seed) -> Policy`` ("module:function",
 # imported on first use): ``model:<default|path|version>`` is the learned policy served by ONNX Runtime
 MODEL_PREFIX = "model:"  # a learned model served by ONNX Runtime: ``model:<default|path|version>``
-# ``capped:<policy>`` is <policy> with the load cap as admission (policies.loadcap)
+# ``capped:<policy>`` is <policy> with the load cap as admission (policies.loadcap); ``cpu-first:<policy>`` and
+# ``fgd-shares:<policy>`` are <policy> with a placement rule (policies.rules)
 PREFIX_RESOLVERS: dict[str, str] = {MODEL_PREFIX: "agmarl_common.serving.onnx_model:resolve_model_policy",
-                                    "capped:": "agmarl_common.core.policies.loadcap:resolve_capped"}
+                                    "capped:": "agmarl_common.core.policies.loadcap:resolve_capped",
+                                    "cpu-first:": "agmarl_common.core.policies.rules:resolve_cpu_first",
+                                    "fgd-shares:": "agmarl_common.core.policies.rules:resolve_fgd_shares"}
 
 
 def is_model(name: str) -> bool:
