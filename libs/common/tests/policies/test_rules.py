@@ -169,3 +169,7 @@ def test_the_explanation_says_which_rules_reordered_the_candidates():
     assert not rules[1]["applied"] and rules[1]["why"] == ""
     gpu_only = np.array([0, 2])
     assert not p.explain(cpu_pod, s, gpu_only, top=2)["rules"][0]["applied"]
+
+
+def test_a_rule_makes_scores_non_local_whatever_the_wrapped_policy_says():
+    assert MostAllocatedPolicy.local_scores and not CpuFirstPolicy(MostAllocatedPolicy()).local_scores

@@ -71,6 +71,9 @@ class RulePolicy:
     is delegated to it. Subclasses define ``prefix`` and ``rule``."""
 
     prefix = ""
+    # a rule moves a node's score by the spread of all the candidates' scores: not a node's own (batch mode then
+    # scores every candidate again rather than only the nodes a batch's earlier grants changed)
+    local_scores = False
 
     def __init__(self, policy: Policy):
         self.policy = policy
@@ -89,7 +92,7 @@ class RulePolicy:
     def choose_gpus(self, pod: Pod, state: ClusterState, node_index: int) -> tuple[int, ...] | None:
         return self.policy.choose_gpus(pod, state, node_index)
 
-    def __getattr__(self, attr: str) -> Any:  # set_objective, explain, prepare, admit, local_scores, ...
+    def __getattr__(self, attr: str) -> Any:  # set_objective, explain, prepare, admit, ...
         if attr == "policy":
             raise AttributeError(attr)
         value = getattr(self.policy, attr)
