@@ -102,8 +102,9 @@ class InferenceApp:
 
     def apply_selection(self, policy, version: str, sel: m.PolicySelection) -> None:
         # the objective the services serve: a model selection is built with it, a registry name that wraps a
-        # model (``cpu-first:model:default``) is told it here
+        # model (``cpu-first:model:default``) is told it here, and the wrapped model's version is logged
         brief(policy, objective=self.settings.objective)
+        version = version or str(getattr(policy, "version", "") or "")
         # the rollout mode is owned by the KV key ``rollout`` (set_mode), not by policy selections;
         # a selection in mode "canary" (safe exploration) only applies to opted-in pods
         if sel.mode == "canary":

@@ -36,5 +36,6 @@ def test_a_selection_that_wraps_a_model_is_told_the_objective_the_services_serve
     app.select(m.PolicySelection(policy="cpu-first:model:default", mode="full", reason="test", time=time.time()))
     policy = app.policy_for(Pod("p", 1, 1))[0]
     assert policy.name.startswith("cpu-first:model:") and policy.policy.objective == "allocation"
+    assert app.model_version == policy.policy.version != ""  # the decisions name the wrapped model's version
     app.select(m.PolicySelection(policy="cpu-first:model:default", mode="canary", reason="explore", time=time.time()))
     assert app.canary[0].policy.objective == "allocation"
