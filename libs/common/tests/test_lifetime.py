@@ -49,10 +49,12 @@ time.sleep(60)
 """
 
 
-def _kill_parent_and_watch(code: str, *args: str) -> tuple[list[int], int]:
+def _kill_parent_and_watch(code: str, *args: str, tmp: str | None = None) -> tuple[list[int], int]:
     """Start ``code`` as the parent, SIGKILL it once it has printed its child's pid; returns the processes it
-    had started (children and theirs) still running 10 s later, then killed, and the child's pid."""
-    parent = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, text=True)
+    had started (children and theirs) still running 10 s later, then killed, and the child's pid. ``tmp``: the
+    parent's TMPDIR (where a killed fork server's parent leaves its ``pymp-*`` folder)."""
+    env = {**os.environ, "TMPDIR": tmp} if tmp else None
+    parent = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, text=True, env=env)
     try:
         pid, state = parent.stdout.readline().split()
         started = descendants(parent.pid)
@@ -74,11 +76,14 @@ def test_a_python_child_ends_when_its_parent_is_killed():
     assert not left, "the child outlived its killed parent"
 
 
-def test_a_fork_server_and_its_armed_child_end_when_the_parent_that_started_them_is_killed():
+def test_a_fork_server_and_its_armed_child_end_when_the_parent_that_started_them_is_killed(tmp_path_factory):
     # the child's parent is the fork server, which lived on while the child held its "alive" pipe: the
-    # trainer's run (and its own server and workers) outlived a killed trainer under init
-    left, child = _kill_parent_and_watch(FORK_SERVER_CHILD)
+    # trainer's run (and its own server and workers) outlived a killed trainer under init. What the killed
+    # parent leaves goes to a short pytest folder (not /tmp; short: the server's socket path must fit AF_UNIX)
+    tmp = tmp_path_factory.mktemp("fs")
+    left, child = _kill_parent_and_watch(FORK_SERVER_CHILD, tmp=str(tmp))
     assert not left, f"{left} (child {child}) outlived the killed parent"
+    assert list(tmp.glob("pymp-*"))  # its socket folder, which the SIGKILL left
 
 
 @pytest.mark.parametrize("armed", [True, False])
