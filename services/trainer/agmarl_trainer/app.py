@@ -47,7 +47,7 @@ from agmarl_common.serving import modelstore, signing
 from agmarl_common.runtime import subjects
 from agmarl_common.core.pathnames import check_path_component, is_path_component
 from agmarl_common.core.policies.registry import MODEL_PREFIX
-from agmarl_common.runtime.lifetime import die_with_parent
+from agmarl_common.runtime.lifetime import die_with_parent, process_alive
 from agmarl_common.runtime.service import HandlerContext, ServiceRuntime
 from agmarl_common.runtime.settings import load_settings
 from agmarl_trainer.experience import ExperienceBuffer
@@ -129,7 +129,7 @@ def private_tmp(root: Path | None = None) -> Path:
     root = Path(root if root is not None else tempfile.gettempdir())
     for entry in root.glob(f"{TMP_PREFIX}*"):
         pid = entry.name[len(TMP_PREFIX):]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid)):
             shutil.rmtree(entry, ignore_errors=True)
     mine = root / f"{TMP_PREFIX}{os.getpid()}"
     mine.mkdir(mode=0o700, exist_ok=True)
@@ -138,16 +138,6 @@ def private_tmp(root: Path | None = None) -> Path:
     multiprocessing.util.Finalize(None, shutil.rmtree, args=(str(mine),), kwargs={"ignore_errors": True},
                                   exitpriority=-200)
     return mine
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: running
-        return True
-    return True
 
 
 def run_context() -> multiprocessing.context.BaseContext:

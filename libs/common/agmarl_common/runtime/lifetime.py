@@ -24,6 +24,17 @@ from typing import Callable
 PR_SET_PDEATHSIG = 1
 
 
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` is running (signal 0: exists; another user's process counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _prctl():
     """libc's prctl, looked up in the parent (a forked child must not load libraries before it execs)."""
     if not sys.platform.startswith("linux"):

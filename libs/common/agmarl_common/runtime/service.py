@@ -30,6 +30,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from agmarl_common.runtime import subjects
 from agmarl_common.runtime.bus import ERROR_HEADER, MSG_ID_HEADER, Bus, trace_headers
 from agmarl_common.runtime.health import Beat, HealthLimits, judge
+from agmarl_common.runtime.lifetime import process_alive
 from agmarl_common.runtime.messages import DecodeError, HealthStatus, Message, dead_letter, decode, encode
 from agmarl_common.runtime.natsauth import NatsAuth
 from agmarl_common.runtime.metrics import MiddlewareMetrics, new_registry, start_metrics_server, stop_metrics_server
@@ -85,16 +86,6 @@ class _Registration:
     durable: str | None = None
     consumer: dict[str, Any] = field(default_factory=dict)
     span_name: str = ""  # "<service> <kind>", the name of each message's span
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class ServiceRuntime:
@@ -211,7 +202,7 @@ class ServiceRuntime:
         """Stop when the supervising process is gone (killed, terminal closed): no orphans."""
         while True:
             await asyncio.sleep(interval)
-            if os.getppid() != pid and not _alive(pid):
+            if os.getppid() != pid and not process_alive(pid):
                 self.log.warning("parent process %d is gone; stopping service=%s", pid, self.name)
                 self.request_stop()
                 return
