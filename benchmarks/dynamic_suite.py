@@ -26,6 +26,7 @@ import time
 
 import numpy as np
 
+from agmarl_common.core.policies.registry import is_model
 from agmarl_common.core.stats import interval
 
 from agmarl_cli.evaluate import (EvalError, EvalSpec, aggregate, check_spec, load_nodes, markdown_table,
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         workloads = tuple(w for w in args.workloads.split(",") if w)
         if not workloads or set(workloads) - set(WORKLOADS):
             raise ValueError(f"--workloads must name some of {', '.join(WORKLOADS)}, got {args.workloads!r}")
-        subject = args.paired or next((p for p in policies if p.startswith("model:")), "")
+        subject = args.paired or next((p for p in policies if is_model(p)), "")
         if subject and subject != "none" and subject not in policies:
             raise ValueError(f"--paired {subject!r} is not among the policies run")
         start = time.perf_counter()

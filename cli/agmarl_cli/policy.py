@@ -18,7 +18,7 @@ from agmarl_common.serving import modelstore
 from agmarl_common.runtime import subjects
 from agmarl_common.core.adaptive import history as hist
 from agmarl_common.runtime.bus import Bus
-from agmarl_common.core.policies.registry import get_policy
+from agmarl_common.core.policies.registry import get_policy, is_model, model_ref
 
 MODES = ("shadow", "recommend", "canary", "hybrid", "full")
 SHOW_HISTORY = 10
@@ -40,10 +40,11 @@ def unknown_policy(name: str) -> str | None:
 
 
 def stored_version(name: str) -> str | None:
-    """The version ``model:<version>`` names when it is not on disk (then only the Object Store can have it)."""
-    if not name.startswith(hist.MODEL_PREFIX):
+    """The version ``model:<version>`` (or ``cpu-first:model:<version>``) names when it is not on disk (then only
+    the Object Store can have it)."""
+    if not is_model(name):
         return None
-    ref = name[len(hist.MODEL_PREFIX):]
+    ref = model_ref(name)
     if ref in ("", "default", "latest") or "/" in ref or ref.startswith(".") or modelstore.local_dir(ref) is not None:
         return None
     return ref

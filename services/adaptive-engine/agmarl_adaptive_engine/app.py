@@ -47,7 +47,7 @@ from agmarl_common.core.adaptive.gate import ExpertLibrary, GateConfig
 from agmarl_common.core.adaptive.guard import GuardConfig
 from agmarl_common.core.cluster.model import pod_from_dict
 from agmarl_common.serving.onnx_model import OnnxModelPolicy
-from agmarl_common.core.policies.registry import get_policy
+from agmarl_common.core.policies.registry import get_policy, is_model, model_ref, unwrap, wrap
 from agmarl_common.runtime.service import HandlerContext, ServiceRuntime
 from agmarl_common.runtime.settings import load_settings
 from agmarl_adaptive_engine.settings import AdaptiveSettings
@@ -82,11 +82,11 @@ def controller_config(s: AdaptiveSettings, known=None) -> ControllerConfig:
 
 
 def policy_known(name: str, trust: modelstore.ModelTrust | None = None) -> bool:
-    """A name the registry resolves here; with ``trust``, a ``model:<ref>`` must be a local model that
-    verifies against it (signature, digests, allowed directory) and loads."""
+    """A name the registry resolves here; with ``trust``, a ``model:<ref>`` (wrapped or not) must be a local
+    model that verifies against it (signature, digests, allowed directory) and loads."""
     try:
-        if trust is not None and name.startswith(hist.MODEL_PREFIX):
-            OnnxModelPolicy(modelstore.load_local(name[len(hist.MODEL_PREFIX):], trust=trust))
+        if trust is not None and is_model(name):
+            wrap(unwrap(name)[0], OnnxModelPolicy(modelstore.load_local(model_ref(name), trust=trust)))
         else:
             get_policy(name)
     except (KeyError, ValueError):
@@ -139,16 +139,16 @@ class AdaptiveApp:
 
     def known(self, name: str) -> bool:
         """A name the registry resolves here, or ``model:<version>`` stored in the Object Store."""
-        if name.startswith(hist.MODEL_PREFIX) and name[len(hist.MODEL_PREFIX):] in self.stored:
+        if is_model(name) and model_ref(name) in self.stored:
             return True
         return policy_known(name, self.trust)
 
     async def discover(self, names) -> None:
         """Look up in the Object Store the model names that are not on disk (e.g. experts ``model:<version>``)."""
         for name in sorted(set(names)):
-            if not name.startswith(hist.MODEL_PREFIX) or policy_known(name, self.trust):
+            if not is_model(name) or policy_known(name, self.trust):
                 continue
-            version = name[len(hist.MODEL_PREFIX):]
+            version = model_ref(name)
             try:
                 if await modelstore.in_object_store(self.rt.bus, version):
                     self.stored.add(version)

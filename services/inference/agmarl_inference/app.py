@@ -325,7 +325,7 @@ async def main() -> int:
     app.replica.request_sync("start")
     rt.spawn(app.replica.expire_loop(), name="assumed-expiry")
     rt.spawn(app.prepare_loop(), name="policy-prepare")
-    await app.models.start()
+    await app.models.start(settings.initial_policy)
     await start_extender(rt, extender, settings)
     # Everything that exists now (modules, FastAPI, pydantic schemas, OTel, NATS) lives as long as the
     # process: out of full collections, a gen-2 pause scans only newer objects (40-120 ms -> a few ms); the

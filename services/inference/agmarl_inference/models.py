@@ -8,7 +8,10 @@ Sources of a model:
 - a selection ``model:<ref>`` (the adaptive-engine's KV ``active_policy`` or policy_selection event,
   or ``agmarl policy set``): ``latest`` (the newest model loaded), ``default`` (``models/default``), a
   version (cached already, being fetched, on disk, or fetched from the Object Store) or a model folder;
-- at start, ``models/default`` when present.
+  a selection that wraps one (``cpu-first:model:<ref>``, ``registry.WRAPPERS``) serves that model, loaded the
+  same way, inside its wrappers;
+- at start, ``models/default`` when present, inside the wrappers of the settings' ``initial_policy`` (the
+  adaptive-engine's first selection, ``cpu-first:model:default`` by default), until a selection arrives.
 
 Every model is checked before it is built: its ``manifest.sig`` must verify against a trusted public key
 (settings ``trusted_model_keys``, default the shipped ``models/trusted``), so the manifest and with it every
@@ -44,7 +47,7 @@ from agmarl_common.runtime import messages as m
 from agmarl_common.serving import modelstore
 from agmarl_common.runtime import subjects
 from agmarl_common.serving.onnx_model import OnnxModelPolicy
-from agmarl_common.core.policies.registry import MODEL_PREFIX, is_model
+from agmarl_common.core.policies.registry import is_model, model_ref, unwrap, with_model, wrap
 from agmarl_common.runtime.service import ServiceRuntime
 
 KEEP_VERSIONS = 3  # loaded models kept in memory (the active one, the previous ones for rollbacks)
@@ -181,7 +184,7 @@ class ModelRegistry:
 
     async def _select(self, sel: m.PolicySelection, gen: int) -> None:
         failed = self._failed
-        ref = sel.policy[len(MODEL_PREFIX):]
+        ref = model_ref(sel.policy)
         policy = await self.resolve(ref)
         if policy is None:
             self.rt.log.warning("selection %s: no such model could be loaded; keeping the current policy", sel.policy)
@@ -204,7 +207,7 @@ class ModelRegistry:
             self.rt.log.info("model %s loaded, but a newer selection is in force", policy.version)
             return
         self._applied = gen
-        self.apply(policy, policy.version, sel)
+        self.apply(wrap(unwrap(sel.policy)[0], policy), policy.version, sel)
 
     async def on_published(self, msg: m.ModelPublished) -> OnnxModelPolicy | None:
         """Fetch, verify, build and cache (the newest loaded: ``model:latest``); what serves is unchanged
@@ -215,12 +218,14 @@ class ModelRegistry:
             self.rt.log.info("model %s published: cached; it serves once a selection names it", policy.version)
         return policy
 
-    async def start(self) -> None:
-        """At start, with no selection made: ``models/default`` serves when present."""
+    async def start(self, initial: str = "") -> None:
+        """At start, with no selection made: ``models/default`` serves when present, inside the wrappers of
+        ``initial`` when that names a model (``cpu-first:model:default``: the rule around it)."""
         default = await self.load_default()
         if default is not None and not self.explicit:
             self._gen += 1
-            self._install(default, m.PolicySelection(policy=default.name, model_version=default.version,
+            name = with_model(initial, default.version) if is_model(initial) else default.name
+            self._install(default, m.PolicySelection(policy=name, model_version=default.version,
                                                      reason="models/default at start", time=time.time()), self._gen)
 
     def details(self) -> dict:

@@ -1,5 +1,6 @@
 """A policy selected in mode "canary" (safe exploration) applies to opted-in pods only."""
 
+import asyncio
 import time
 
 from agmarl_common.runtime import messages as m
@@ -30,12 +31,19 @@ def test_a_capped_selection_serves_the_policy_with_its_admission():
     assert policy.name == "capped:kube-default" and callable(policy.admit)
 
 
-def test_a_selection_that_wraps_a_model_is_told_the_objective_the_services_serve():
+async def test_a_selection_that_wraps_a_model_serves_it_with_the_objective_the_services_serve():
+    # cpu-first:model:default is a model selection: the model registry loads the model (with the services'
+    # objective) and serves it inside the rule; the decisions name the wrapped model's version
     settings = InferenceSettings(objective="allocation")
     app = InferenceApp(ServiceRuntime("inference", settings), settings)
-    app.select(m.PolicySelection(policy="cpu-first:model:default", mode="full", reason="test", time=time.time()))
+    installed = {"full": lambda: app.policy.name.startswith("cpu-first:model:"),
+                 "canary": lambda: app.canary is not None}
+    for mode, done in installed.items():
+        app.select(m.PolicySelection(policy="cpu-first:model:default", mode=mode, reason="test", time=time.time()))
+        deadline = time.monotonic() + 30  # bounded: loading the model takes a second or two
+        while not done() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
     policy = app.policy_for(Pod("p", 1, 1))[0]
     assert policy.name.startswith("cpu-first:model:") and policy.policy.objective == "allocation"
-    assert app.model_version == policy.policy.version != ""  # the decisions name the wrapped model's version
-    app.select(m.PolicySelection(policy="cpu-first:model:default", mode="canary", reason="explore", time=time.time()))
-    assert app.canary[0].policy.objective == "allocation"
+    assert app.model_version == policy.policy.version != ""
+    assert app.canary[0].name == policy.name and app.canary[0].policy.objective == "allocation"

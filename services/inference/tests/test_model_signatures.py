@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from agmarl_common.runtime import messages as m
+from agmarl_common.core.policies.rules import CpuFirstPolicy
 from agmarl_common.serving import modelstore, signing
 from agmarl_common.runtime import subjects
 from agmarl_common.runtime.bus import Bus
@@ -53,8 +54,13 @@ class Rig:
         self.settings = InferenceSettings(nats_url=nats_url, cluster=f"sig-{uuid.uuid4().hex[:6]}", **settings)
         self.rt = ServiceRuntime("inference", self.settings)
         self.installed: list[str] = []
+        self.policies: list[object] = []  # the policy objects installed, in order
         self.refusals: list[m.SelectionRefused] = []
-        self.models = ModelRegistry(self.rt, lambda policy, version, sel: self.installed.append(version))
+        self.models = ModelRegistry(self.rt, self.install)
+
+    def install(self, policy, version: str, sel) -> None:
+        self.installed.append(version)
+        self.policies.append(policy)
 
     async def __aenter__(self) -> "Rig":
         await self.rt.start()
@@ -118,6 +124,35 @@ async def test_tampered_unsigned_and_untrusted_models_are_refused_while_the_old_
             assert rig.installed == [good], reason
             assert rig.refusals[-1].policy == f"model:{version}" and rig.refusals[-1].reason == reason
             assert rig.failures(reason) == 2.0
+
+
+async def test_a_selection_wrapping_a_stored_model_serves_that_model_inside_its_rules(nats_url, model_keys):
+    # cpu-first:model:<version>: the version is fetched from the Object Store and verified like model:<version>,
+    # and what serves is the placement rule around it; a wrapped unsigned model is refused like a bare one
+    tag = uuid.uuid4().hex[:8]
+    async with Rig(nats_url, trusted_model_keys=model_keys.trusted) as rig:
+        good, unsigned = f"good-{tag}", f"unsigned-{tag}"
+        await rig.store(good, model_files(good, model_keys))
+        await rig.store(unsigned, model_files(unsigned))
+        await rig.select(f"cpu-first:model:{good}")
+        assert rig.installed == [good]
+        served = rig.policies[-1]
+        assert isinstance(served, CpuFirstPolicy) and served.name == f"cpu-first:model:{good}"
+        assert served.policy.version == good
+        await rig.select(f"cpu-first:model:{unsigned}")
+        assert rig.installed == [good] and rig.refusals[-1].policy == f"cpu-first:model:{unsigned}"
+        assert rig.refusals[-1].reason == "unsigned"
+
+
+async def test_at_start_the_default_model_serves_inside_the_initial_selections_rules(nats_url):
+    async with Rig(nats_url) as rig:
+        await rig.models.start("cpu-first:model:default")
+        served = rig.policies[-1]
+        assert isinstance(served, CpuFirstPolicy) and served.policy is rig.models.default
+        assert served.name == f"cpu-first:model:{rig.models.default.version}"
+    async with Rig(nats_url) as rig:  # a baseline as the initial selection: the bare model until it arrives
+        await rig.models.start("kube-resources")
+        assert rig.policies[-1] is rig.models.default
 
 
 async def test_local_model_folders_only_from_allowed_directories(nats_url, model_keys, tmp_path):

@@ -46,7 +46,7 @@ from agmarl_common.runtime import messages as m
 from agmarl_common.serving import modelstore, signing
 from agmarl_common.runtime import subjects
 from agmarl_common.core.pathnames import check_path_component, is_path_component
-from agmarl_common.core.policies.registry import MODEL_PREFIX
+from agmarl_common.core.policies.registry import is_model, model_ref, with_model
 from agmarl_common.runtime.lifetime import die_with_parent, process_alive
 from agmarl_common.runtime.service import HandlerContext, ServiceRuntime
 from agmarl_common.runtime.settings import load_settings
@@ -281,15 +281,15 @@ class TrainerApp:
             except m.DecodeError as err:
                 self.rt.log.warning("active_policy in KV is not a selection (%s): ignored", err)
         newest = self.latest or "default"
-        if policy and not policy.startswith(MODEL_PREFIX):  # a baseline serves: start from the newest model
+        if policy and not is_model(policy):  # a baseline serves: start from the newest model
             path = await self.model_dir(newest)
             return {"policy": policy, "model_dir": str(path or "")}
-        ref = policy[len(MODEL_PREFIX):]
+        ref = model_ref(policy) if policy else ""
         ref = newest if ref in ("", "latest") else ref
         path = await self.model_dir(ref)
         if path is None:
             raise LookupError(f"the serving model {ref!r} is neither on disk nor in the Object Store")
-        return {"policy": MODEL_PREFIX + ref, "model_dir": str(path)}
+        return {"policy": with_model(policy, ref), "model_dir": str(path)}
 
     # --- the run ---------------------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ from typing import Callable, Mapping
 import numpy as np
 import torch
 
-from agmarl_common.core.policies.registry import MODEL_PREFIX
+from agmarl_common.core.policies.registry import is_model
 from agmarl_common.core.sim import dynamic, synthetic
 from agmarl_trainer.config import TrainConfig, config_to_dict, load_config
 from agmarl_trainer.experience import experience_samples, read_experience
@@ -52,15 +52,18 @@ SCRATCH = "scratch (no model.pt)"
 
 @dataclasses.dataclass(frozen=True)
 class Incumbent:
-    """What serves (``policy``: ``model:<version>`` or a baseline name) and the model folder whose weights
-    the fine-tune starts from (the serving model's; the newest model's when a baseline serves; "" = none)."""
+    """What serves (``policy``: ``model:<version>``, a wrapped one such as ``cpu-first:model:<version>``, or a
+    baseline name) and the model folder whose weights the fine-tune starts from (the serving model's; the newest
+    model's when a baseline serves; "" = none). A serving model's wrappers (placement rules) are not part of the
+    gate's comparison: it compares the candidate's weights with the serving model's, both without them, and a
+    promotion keeps the wrappers (``registry.with_model``)."""
 
     policy: str
     model_dir: str = ""
 
     @property
     def is_model(self) -> bool:
-        return self.policy.startswith(MODEL_PREFIX)
+        return is_model(self.policy)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -150,16 +150,19 @@ class Harness:
 
 
 async def test_a_candidate_that_is_not_better_is_not_published(nats_url, tmp_path):
-    # the shipped model serves; the dry-run config makes no optimisation step, so the candidate is the
-    # incumbent's own weights: evaluated on the same seeds it scores the same and the gate must refuse it
-    async with Harness(nats_url, tmp_path, "model:default") as h:
+    # the shipped model serves, inside a placement rule; the dry-run config makes no optimisation step, so the
+    # candidate is the incumbent's own weights: evaluated on the same seeds it scores the same and the gate must
+    # refuse it (the rule is the serving selection's, not the weights': both are compared without it)
+    async with Harness(nats_url, tmp_path, "cpu-first:model:default") as h:
         final, result = await h.run("worse", "finetune_dryrun.yaml")
         assert [s.status for s in final] == ["accepted", "running", "rejected"], [s.detail for s in final]
         assert "promotion gate: not better" in final[-1].detail and "fgd" in final[-1].detail
         assert not h.published and not (h.app.work_dir / "worse" / "model" / "manifest.json").exists()
         policies = result["evaluation"]["policies"]
         assert set(policies) == {"candidate", "incumbent", "fgd", "bestfit"}
-        assert result["incumbent"]["policy"] == "model:default" and result["start_from"].endswith("model.pt")
+        assert result["incumbent"] == {"policy": "cpu-first:model:default",
+                                       "model_dir": str(modelstore.DEFAULT_MODEL_DIR)}
+        assert result["start_from"].endswith("model.pt")
         assert policies["candidate"]["alloc_at_100"] == policies["incumbent"]["alloc_at_100"]  # started from it
         assert result["gate"]["promote"] is False and result["published"] == ""
         assert not h.app.running

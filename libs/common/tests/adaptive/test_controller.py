@@ -186,6 +186,28 @@ def test_restart_after_a_promotion_keeps_the_promoted_expert():
     assert again.library.experts["batch"] == "model:ft-2"
 
 
+def test_a_promotion_over_a_wrapped_model_keeps_its_placement_rule():
+    # the active selection serves the model inside a rule (cpu-first:model:default): a published model takes
+    # the model's place, the rule stays; the experts that named the wrapped model follow, and a rollback
+    # gives them back
+    wrapped = dict(MODEL, policy="cpu-first:model:default")
+    experts = {"low_load": "cpu-first:model:default", "batch": "model:default", "affinity": "kube-default"}
+    lib = ExpertLibrary(experts=experts, baseline="kube-resources")
+    c = AdaptiveController(ControllerConfig(library=lib, gate=FAST_GATE, guard=GuardConfig(window=10, min_samples=5)),
+                           wrapped, [], now=0.0)
+    assert c.on_published("ft-1", "", 1.0) == ""
+    [sw] = c.tick(1.0)
+    assert (sw.kind, sw.selection["policy"], sw.selection["previous"]) == (
+        "promote", "cpu-first:model:ft-1", "cpu-first:model:default")
+    assert c.library.experts == {**experts, "low_load": "cpu-first:model:ft-1"}
+    assert "already the active selection" in c.on_published("ft-1", "", 2.0)
+    for k in range(5):
+        c.on_reward(0.05, 3.0 + k)
+    [rb] = c.tick(9.0)
+    assert (rb.kind, rb.selection["policy"]) == ("rollback", "cpu-first:model:default")
+    assert c.library.experts == experts
+
+
 def test_who_is_left_alone():
     # rule: only an active model selection is superseded; a baseline, a held manual selection or a
     # rollback stays, and auto_promote=False turns promotion off

@@ -12,7 +12,7 @@ from agmarl_common.core.cluster.model import ClusterState, bind
 from agmarl_common.core.policies.fgd import FgdPolicy
 from agmarl_common.core.policies.rules import CpuFirstPolicy, FgdSharesPolicy, cpu_nodes_first, put_last
 from agmarl_common.core.policies.kube import KubeDefaultPolicy, MostAllocatedPolicy
-from agmarl_common.core.policies.registry import get_policy
+from agmarl_common.core.policies.registry import get_policy, is_model, model_ref, unwrap, with_model, wrap
 from agmarl_common.core.sim.inflation import run_inflation
 from agmarl_testing.states import node, pod
 
@@ -68,6 +68,25 @@ def test_the_registry_resolves_the_prefixes_and_rules_compose():
     for bad in ("cpu-first:", "cpu-first:cpu-first:fgd", "fgd-shares:", "fgd-shares:nope"):
         with pytest.raises(KeyError):
             get_policy(bad)
+
+
+def test_a_name_that_wraps_a_model_is_a_model_selection_and_a_promotion_keeps_the_wrappers():
+    assert unwrap("fgd-shares:cpu-first:model:v1") == ("fgd-shares:cpu-first:", "model:v1")
+    assert unwrap("fgd") == ("", "fgd") and unwrap("capped:reward-aware") == ("capped:", "reward-aware")
+    assert is_model("model:v1") and is_model("cpu-first:model:v1") and is_model("capped:model:default")
+    assert not is_model("cpu-first:fgd-pack") and not is_model("kube-default")
+    assert model_ref("cpu-first:model:v1") == "v1"
+    with pytest.raises(ValueError):
+        model_ref("cpu-first:fgd")
+    assert with_model("cpu-first:model:default", "v2") == "cpu-first:model:v2"
+    assert with_model("model:default", "v2") == "model:v2"
+    assert with_model("cpu-first:fgd", "v2") == "model:v2"  # a baseline's wrappers are not the model's
+    p = wrap("fgd-shares:cpu-first:", get_policy("fgd-pack"))
+    assert isinstance(p, FgdSharesPolicy) and isinstance(p.policy, CpuFirstPolicy)
+    assert p.name == "fgd-shares:cpu-first:fgd-pack"
+    for bad in ("cpu-first:cpu-first:", "nope:", "cpu-first:fgd"):
+        with pytest.raises(KeyError):
+            wrap(bad, get_policy("fgd-pack"))
 
 
 def test_no_candidate_is_dropped_or_added():

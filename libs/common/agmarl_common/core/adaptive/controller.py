@@ -12,7 +12,8 @@ exploration (canary scope only).
 
 Promotion rule: a model version the trainer published supersedes the active selection, and becomes
 the active selection (kind ``promote``, reason ``promoted: ...``), when ``auto_promote`` is on, the
-active selection is a model (``model:<ref>``: ``default``, ``latest``, a version), it is not held
+active selection is a model (``model:<ref>``: ``default``, ``latest``, a version; wrapped or not, as in
+``cpu-first:model:<ref>``, whose wrappers the promoted model keeps: ``registry.with_model``), it is not held
 (a manual selection or a rollback younger than ``hold_s``) and the version is neither active nor
 quarantined. A baseline selection is left alone (the model stays available to ``agmarl policy set``);
 during an exploration the promotion waits for its end. The gate's experts that named the superseded
@@ -31,6 +32,7 @@ from agmarl_common.core.adaptive.explore import ExploreConfig, explore_choice
 from agmarl_common.core.adaptive.features import RegimeFeatures, shares
 from agmarl_common.core.adaptive.gate import ExpertLibrary, GateConfig, choose_expert, gate_init, gate_update, regime_weights
 from agmarl_common.core.adaptive.guard import GuardConfig, decided_delta, guard_check
+from agmarl_common.core.policies.registry import is_model, with_model
 
 
 @dataclass(frozen=True)
@@ -121,16 +123,20 @@ class AdaptiveController:
         """The trainer published ``version`` (``note``: its promotion gate's reason). The next ``tick``
         promotes it when the rule allows (module docstring); returns why not as of now, or ""."""
         self.published = (version, note)
-        blocker = self.promotion_blocker(hist.MODEL_PREFIX + version, now)
+        blocker = self.promotion_blocker(self.promoted_name(version), now)
         self.last_published = {"version": version, "outcome": f"left alone: {blocker}" if blocker else "pending"}
         return blocker
+
+    def promoted_name(self, version: str) -> str:
+        """What a promotion of ``version`` would serve: the active selection's wrappers around it."""
+        return with_model(str(self.active.get("policy", "")), version)
 
     def promotion_blocker(self, policy: str, now: float) -> str:
         """Why ``policy`` (a published model) would not become the active selection now; "" when it would."""
         active = str(self.active.get("policy", ""))
         if not self.cfg.auto_promote:
             return "auto_promote is off"
-        if not hist.is_model(active):
+        if not is_model(active):
             return f"the active selection {active} is not a model (a baseline is left alone)"
         if self._held(now):
             return f"the active selection ({self.active.get('reason', '')}) is held for {self.cfg.hold_s:.0f} s"
@@ -232,7 +238,7 @@ class AdaptiveController:
 
     def _promote(self, now: float) -> Switch | None:
         (version, note), self.published = self.published, None
-        policy = hist.MODEL_PREFIX + version
+        policy = self.promoted_name(version)
         blocker = self.promotion_blocker(policy, now)
         if blocker:
             self.last_published = {"version": version, "outcome": f"left alone: {blocker}"}

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping, Sequence
 
-from agmarl_common.core.policies.registry import MODEL_PREFIX, is_model  # noqa: F401  (re-exported: hist.MODEL_PREFIX)
+from agmarl_common.core.policies.registry import is_model
 
 KEY_POLICY_HISTORY = "policy_history"
 MAX_HISTORY = 50

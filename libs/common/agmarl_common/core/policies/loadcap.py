@@ -77,10 +77,6 @@ class LoadCapPolicy:
         return getattr(self.policy, attr)
 
 
-def resolve_capped(rest: str, seed: int) -> LoadCapPolicy:
-    """``capped:<policy>`` -> LoadCapPolicy(get_policy(<policy>))."""
-    from agmarl_common.core.policies.registry import get_policy  # noqa: PLC0415 - the registry resolves us lazily
-
-    if not rest or rest.startswith(PREFIX):
-        raise KeyError(f"capped: needs one policy name after the prefix, got {rest!r}")
-    return LoadCapPolicy(get_policy(rest, seed))
+def wrap_capped(policy: Policy, seed: int = 0) -> LoadCapPolicy:
+    """``capped:<policy>`` (``registry.WRAPPERS``)."""
+    return LoadCapPolicy(policy)

@@ -32,20 +32,60 @@ EXTENSION_MODULES: list[str] = ["agmarl_common.core.policies.fgd", "agmarl_commo
 
 _REGISTRY: dict[str, PolicyFactory] = {}
 _loaded = False
+MODEL_PREFIX = "model:"  # a learned model served by ONNX Runtime: ``model:<default|path|version>``
 # name prefixes resolved by a function ``resolve(rest_of_name, seed) -> Policy`` ("module:function",
 # imported on first use): ``model:<default|path|version>`` is the learned policy served by ONNX Runtime
-MODEL_PREFIX = "model:"  # a learned model served by ONNX Runtime: ``model:<default|path|version>``
-# ``capped:<policy>`` is <policy> with the load cap as admission (policies.loadcap); ``cpu-first:<policy>`` and
-# ``fgd-shares:<policy>`` are <policy> with a placement rule (policies.rules)
-PREFIX_RESOLVERS: dict[str, str] = {MODEL_PREFIX: "agmarl_common.serving.onnx_model:resolve_model_policy",
-                                    "capped:": "agmarl_common.core.policies.loadcap:resolve_capped",
-                                    "cpu-first:": "agmarl_common.core.policies.rules:resolve_cpu_first",
-                                    "fgd-shares:": "agmarl_common.core.policies.rules:resolve_fgd_shares"}
+PREFIX_RESOLVERS: dict[str, str] = {MODEL_PREFIX: "agmarl_common.serving.onnx_model:resolve_model_policy"}
+# wrappers: ``<prefix><policy>`` is <policy> wrapped by ``wrap(policy, seed) -> Policy`` ("module:function"):
+# ``capped:`` the load cap as admission (policies.loadcap); ``cpu-first:`` and ``fgd-shares:`` a placement rule
+# (policies.rules). They compose (``fgd-shares:cpu-first:model:default``); a name wrapping a model is a model
+# selection (``is_model``), and a promotion keeps its wrappers (``with_model``)
+WRAPPERS: dict[str, str] = {"capped:": "agmarl_common.core.policies.loadcap:wrap_capped",
+                            "cpu-first:": "agmarl_common.core.policies.rules:wrap_cpu_first",
+                            "fgd-shares:": "agmarl_common.core.policies.rules:wrap_fgd_shares"}
+
+
+def unwrap(name: str) -> tuple[str, str]:
+    """(the wrapper prefixes, the policy they wrap): ``cpu-first:model:v1`` -> ("cpu-first:", "model:v1"),
+    ``fgd`` -> ("", "fgd")."""
+    i = 0
+    while True:
+        prefix = next((p for p in WRAPPERS if name.startswith(p, i)), None)
+        if prefix is None:
+            return name[:i], name[i:]
+        i += len(prefix)
 
 
 def is_model(name: str) -> bool:
-    """True for a ``model:<ref>`` policy name."""
-    return name.startswith(MODEL_PREFIX)
+    """True for a learned model's selection: ``model:<ref>``, wrapped or not (``cpu-first:model:<ref>``)."""
+    return unwrap(name)[1].startswith(MODEL_PREFIX)
+
+
+def model_ref(name: str) -> str:
+    """The ``<ref>`` of the model a model selection serves (``is_model``): ``cpu-first:model:v1`` -> "v1"."""
+    base = unwrap(name)[1]
+    if not base.startswith(MODEL_PREFIX):
+        raise ValueError(f"{name!r} does not name a model")
+    return base[len(MODEL_PREFIX):]
+
+
+def with_model(name: str, ref: str) -> str:
+    """``name``'s wrappers around ``model:<ref>``: what a promotion of ``ref`` over the selection ``name`` serves
+    (``cpu-first:model:v1``, ``v2`` -> ``cpu-first:model:v2``; a baseline's wrappers are not kept)."""
+    wrappers = unwrap(name)[0] if is_model(name) else ""
+    return f"{wrappers}{MODEL_PREFIX}{ref}"
+
+
+def wrap(wrappers: str, policy: Policy, seed: int = 0) -> Policy:
+    """``policy`` wrapped by the prefixes ``wrappers`` (``unwrap``'s first part), the innermost last; KeyError
+    when one is not a wrapper or comes twice."""
+    prefixes = wrappers.split(":")[:-1]
+    if unwrap(wrappers) != (wrappers, "") or len(set(prefixes)) < len(prefixes):
+        raise KeyError(f"{wrappers!r}: each wrapper ({', '.join(WRAPPERS)}) at most once")
+    for prefix in reversed(prefixes):
+        module, _, fn = WRAPPERS[prefix + ":"].partition(":")
+        policy = getattr(importlib.import_module(module), fn)(policy, seed)
+    return policy
 
 
 def register_policy(name: str, factory: PolicyFactory, *, replace: bool = False) -> None:
@@ -79,6 +119,11 @@ def get_policy(name: str, seed: int = 0) -> Policy:
     try:
         factory = _REGISTRY[name]
     except KeyError:
+        wrappers, base = unwrap(name)
+        if wrappers:
+            if not base:
+                raise KeyError(f"{name!r}: a wrapper needs one policy name after it") from None
+            return wrap(wrappers, get_policy(base, seed), seed)
         for prefix, target in PREFIX_RESOLVERS.items():
             if name.startswith(prefix):
                 module, _, fn = target.partition(":")

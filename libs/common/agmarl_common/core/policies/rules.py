@@ -164,19 +164,11 @@ class FgdSharesPolicy(RulePolicy):
                 f"the {candidates.size - best} others last")
 
 
-def _resolve(prefix: str, rest: str, seed: int) -> Policy:
-    from agmarl_common.core.policies.registry import get_policy  # noqa: PLC0415 - the registry resolves us lazily
-
-    if not rest or rest.startswith(prefix):
-        raise KeyError(f"{prefix} needs one policy name after the prefix, got {rest!r}")
-    return get_policy(rest, seed)
+def wrap_cpu_first(policy: Policy, seed: int = 0) -> CpuFirstPolicy:
+    """``cpu-first:<policy>`` (``registry.WRAPPERS``)."""
+    return CpuFirstPolicy(policy)
 
 
-def resolve_cpu_first(rest: str, seed: int) -> CpuFirstPolicy:
-    """``cpu-first:<policy>`` -> CpuFirstPolicy(get_policy(<policy>))."""
-    return CpuFirstPolicy(_resolve(CPU_FIRST, rest, seed))
-
-
-def resolve_fgd_shares(rest: str, seed: int) -> FgdSharesPolicy:
-    """``fgd-shares:<policy>`` -> FgdSharesPolicy(get_policy(<policy>))."""
-    return FgdSharesPolicy(_resolve(FGD_SHARES, rest, seed), seed)
+def wrap_fgd_shares(policy: Policy, seed: int = 0) -> FgdSharesPolicy:
+    """``fgd-shares:<policy>`` (``registry.WRAPPERS``)."""
+    return FgdSharesPolicy(policy, seed)
