@@ -2,7 +2,8 @@
 inference service serves exactly what the selection names, on a rollback too.
 
 The adaptive-engine and inference run as processes on the session's nats-server. The active selection
-is the shipped model (``model:default``); a new version is published exactly as the trainer does
+is the shipped model (``model:default``, or inside the placement rule ``cpu-first:``, which the promoted version
+keeps); a new version is published exactly as the trainer does
 (``TrainerApp.publish_model``, signed with a throwaway key both services trust). The engine makes it the active selection (KV + history + a
 PolicySelection whose reason starts with "promoted"), the inference service swaps it in and its
 decisions name it; rewards that collapse make the guard roll back to ``model:default``, which the
@@ -48,11 +49,14 @@ def model_folder(dst: Path, version: str) -> Path:
 
 
 @pytest.mark.asyncio
-async def test_published_model_is_selected_served_and_rolled_back(nats_url, service_processes, tmp_path, model_keys):
+@pytest.mark.parametrize("rules", ["", "cpu-first:"])
+async def test_published_model_is_selected_served_and_rolled_back(nats_url, service_processes, tmp_path, model_keys,
+                                                                  rules):
     version = f"promo-{uuid.uuid4().hex[:8]}"
     bus = await Bus.connect(nats_url, name="test-model-promotion")
     try:
-        start = m.PolicySelection(policy="model:default", reason="test start: the shipped model", time=time.time())
+        start = m.PolicySelection(policy=f"{rules}model:default", reason="test start: the shipped model",
+                                  time=time.time())
         await bus.kv_put(subjects.CONFIG_BUCKET, subjects.KEY_ACTIVE_POLICY, m.encode(start))
         await bus.kv_put(subjects.CONFIG_BUCKET, hist.KEY_POLICY_HISTORY,
                          hist.encode_history([start.model_dump(exclude={"v"})]))
@@ -93,7 +97,7 @@ async def test_published_model_is_selected_served_and_rolled_back(nats_url, serv
             assert d is not None, inference.output()[-3000:]
             return d
 
-        assert (await decide(0)).policy == f"model:{default_version}"
+        assert (await decide(0)).policy == f"{rules}model:{default_version}"
 
         # published as the trainer does: the engine promotes it, inference serves it
         shim = SimpleNamespace(rt=SimpleNamespace(bus=bus, publish=bus.publish),
@@ -101,11 +105,11 @@ async def test_published_model_is_selected_served_and_rolled_back(nats_url, serv
         assert await TrainerApp.publish_model(shim, model_folder(tmp_path / version, version)) == version
         promoted = await wait_for(lambda: next((s for s in selections if s.reason.startswith("promoted")), None), 15)
         assert promoted is not None, engine.output()[-3000:]
-        assert (promoted.policy, promoted.previous) == (f"model:{version}", "model:default")
+        assert (promoted.policy, promoted.previous) == (f"{rules}model:{version}", f"{rules}model:default")
         assert promoted.reason == f"promoted: model {version} published by the trainer (test: promoted)"
         assert await wait_for(lambda: _serves(health, version), 30), await health("inference")
         d = await decide(1)
-        assert (d.policy, d.model_version) == (f"model:{version}", version)
+        assert (d.policy, d.model_version) == (f"{rules}model:{version}", version)
 
         # the guard judges it on its own rewards; the rollback goes back to model:default, served again
         for k in range(12):
@@ -113,9 +117,10 @@ async def test_published_model_is_selected_served_and_rolled_back(nats_url, serv
                 decision_id=f"{version}-{k}", cluster=CLUSTER, components={"sla": 0.0}, total=0.05,
                 scheme="fixed", time=float(k)))
         rb = await wait_for(lambda: next((s for s in selections if s.reason.startswith("rollback")), None), 10)
-        assert rb is not None and (rb.policy, rb.previous) == ("model:default", f"model:{version}"), selections
+        assert rb is not None and (rb.policy, rb.previous) == (f"{rules}model:default", f"{rules}model:{version}"), \
+            selections
         assert await wait_for(lambda: _serves(health, default_version), 30), await health("inference")
-        assert (await decide(2)).policy == f"model:{default_version}"
+        assert (await decide(2)).policy == f"{rules}model:{default_version}"
     finally:
         await bus.close()
 

@@ -12,7 +12,7 @@ class AdaptiveSettings(CommonSettings):
     default_policy: str = "kube-resources"  # the rollback baseline (and the first selection without a model)
     # the first selection (adaptive-engine), and what inference serves until a selection arrives: models/default,
     # inside this name's wrappers when it wraps a model (cpu-first:model:default: docs/model.md "Placement rules")
-    initial_policy: str = "model:default"
+    initial_policy: str = "cpu-first:model:default"
     # public keys whose model signatures are trusted: key files or directories of *.pub, ':'-separated; "" =
     # the shipped models/trusted (docs/security.md)
     trusted_model_keys: str = ""

@@ -38,6 +38,6 @@ def test_shipped_model_stands_in_for_configured_regimes_only_when_it_loads():
     s = AdaptiveSettings()
     with_model = expert_map(s, known=lambda name: True)
     without = expert_map(s, known=lambda name: False)
-    assert with_model["low_load"] == with_model["batch"] == "model:default"
+    assert with_model["low_load"] == with_model["batch"] == "cpu-first:model:default"
     assert with_model["affinity"] == without["affinity"] == s.experts["affinity"]
     assert without == dict(s.experts)

@@ -9,7 +9,7 @@ class InferenceSettings(common.ModelInputSettings, common.KubeSettings):
     pending_queue_group: str = "inference"  # replicas share pending pods through this NATS queue group
     # the first selection (adaptive-engine), and what inference serves until a selection arrives: models/default,
     # inside this name's wrappers when it wraps a model (cpu-first:model:default: docs/model.md "Placement rules")
-    initial_policy: str = "model:default"
+    initial_policy: str = "cpu-first:model:default"
     pinned_policy: str = ""  # serve this policy and ignore selections (trace replays, benchmarks); "" = follow the engine
     brief_workload: str = ""  # openb:<name|csv>: tell every policy this workload (FGD's target), as agmarl eval does
     batch_window_s: float = 0.2  # batch mode: a batch closes this long after its first pod ...

@@ -168,6 +168,7 @@ def test_in_an_inflation_run_cpu_pods_use_gpu_nodes_only_when_no_cpu_node_fits()
 
 def test_the_learned_policy_lends_fgd_its_target_workload():
     p = get_policy("fgd-shares:model:default")  # never told the workload: the model's implicit target
+    p.set_objective("allocation")
     s, cand = share_cluster(), np.arange(4)
     share = pod("s", cpu=100, num_gpu=1, gpu_milli=300)
     out = p.score(share, s, cand)
@@ -179,6 +180,7 @@ def test_the_learned_policy_lends_fgd_its_target_workload():
 
 def test_the_explanation_says_which_rules_reordered_the_candidates():
     p = get_policy("fgd-shares:cpu-first:model:default")
+    p.set_objective("allocation")
     s, cand = mixed(), np.arange(4)
     cpu_pod = pod("p", cpu=500)
     p.score(cpu_pod, s, cand)
@@ -190,5 +192,30 @@ def test_the_explanation_says_which_rules_reordered_the_candidates():
     assert not p.explain(cpu_pod, s, gpu_only, top=2)["rules"][0]["applied"]
 
 
-def test_a_rule_makes_scores_non_local_whatever_the_wrapped_policy_says():
+def test_a_rule_in_force_makes_scores_non_local_whatever_the_wrapped_policy_says():
     assert MostAllocatedPolicy.local_scores and not CpuFirstPolicy(MostAllocatedPolicy()).local_scores
+
+
+def test_the_rules_serve_the_allocation_objective_only():
+    # under composite the wrapped model's scores, batch scores and score locality stand, and the explanation
+    # says the rule is not in force; told allocation, the rule reorders; a heuristic never told one: in force
+    s, cand = mixed(), np.arange(4)
+    cpu_pod = pod("p", cpu=500)
+    model = get_policy("model:default")
+    p = get_policy("cpu-first:model:default")
+    for told in (model, p):
+        told.set_objective("composite")
+    assert p.policy.objective == p.objective == "composite" and not p.in_force()
+    np.testing.assert_array_equal(p.score(cpu_pod, s, cand), model.score(cpu_pod, s, cand))
+    np.testing.assert_array_equal(p.score_batch([cpu_pod], s, [cand])[0], model.score_batch([cpu_pod], s, [cand])[0])
+    [rule] = p.explain(cpu_pod, s, cand, top=2)["rules"]
+    assert not rule["applied"] and "not in force under the composite objective" in rule["why"]
+    assert not CpuFirstPolicy(MostAllocatedPolicy()).local_scores  # in force: not local
+    untold = CpuFirstPolicy(MostAllocatedPolicy())
+    untold.set_objective("composite")
+    assert untold.local_scores  # not in force: the wrapped policy's locality
+    p.set_objective("allocation")
+    assert p.policy.objective == "allocation" and p.in_force()
+    out = p.score(cpu_pod, s, cand)
+    assert set(np.argsort(-out)[:2].tolist()) == set(np.flatnonzero(s.gpu_count[cand] == 0).tolist())
+    assert CpuFirstPolicy(KubeDefaultPolicy()).in_force()

@@ -14,6 +14,13 @@ are integers: many nodes tie) its choices are kept. FGD measures fragmentation a
 target workload when it has one (``target_workload()``: the learned policy's, observed or implicit), else
 against the workload a harness tells it (``observe_workload``).
 
+Both rules serve GPU allocation, and are in force only under that objective (``set_objective``, as the learned
+policy is told it: the inflation protocol and ``AGMARL_OBJECTIVE=allocation``); under the composite objective the
+wrapped policy's scores stand. Packing CPU-only pods off the GPU nodes is what GPU allocation pays for and what
+the composite reward (balance, SLA) does not: on the dynamic synthetic suite ``cpu-first:model:default`` in
+force scored 0.750 against the model's 0.841 (docs/model.md "Placement rules"). A heuristic that is never told
+an objective is treated as allocation's (the rule is in force).
+
 A rule only reorders: every candidate keeps a finite score, the ones a rule puts last stay below the others in
 their own order (a harness that needs the full ranking still gets one), and a pod the rule does not concern
 is scored by the wrapped policy unchanged. It never makes a pod wait (the candidates have passed the hard
@@ -33,6 +40,7 @@ from agmarl_common.core.cluster.model import ClusterState, Pod
 from agmarl_common.core.policies.base import Policy
 from agmarl_common.core.policies.fgd import FgdPolicy
 
+ALLOCATION = "allocation"  # features.OBJECTIVES: the objective the rules serve
 CPU_FIRST = "cpu-first:"
 FGD_SHARES = "fgd-shares:"
 
@@ -67,17 +75,40 @@ def fgd_best_for_shares(pod: Pod, state: ClusterState, candidates: np.ndarray, s
 
 
 class RulePolicy:
-    """``policy`` with one placement rule applied to its scores (``score`` and ``score_batch``); everything else
-    is delegated to it. Subclasses define ``prefix`` and ``rule``."""
+    """``policy`` with one placement rule applied to its scores (``score`` and ``score_batch``) while the objective
+    is one the rule serves (``objectives``); everything else is delegated to it. Subclasses define ``prefix`` and
+    ``rule``."""
 
     prefix = ""
-    # a rule moves a node's score by the spread of all the candidates' scores: not a node's own (batch mode then
-    # scores every candidate again rather than only the nodes a batch's earlier grants changed)
-    local_scores = False
+    objectives: tuple[str, ...] = (ALLOCATION,)  # under another objective the wrapped policy's scores stand
 
     def __init__(self, policy: Policy):
         self.policy = policy
         self.name = self.prefix + policy.name
+        self._objective: str | None = None
+
+    def set_objective(self, objective: str) -> None:
+        """Serve ``objective`` from now on (the wrapped policy is told it too, when it has objectives)."""
+        self._objective = objective
+        inner = getattr(self.policy, "set_objective", None)
+        if callable(inner):
+            inner(objective)
+
+    @property
+    def objective(self) -> str:
+        """What it was told (``set_objective``), else the wrapped policy's objective, else allocation (a heuristic
+        has none: the rule is in force)."""
+        return self._objective or getattr(self.policy, "objective", None) or ALLOCATION
+
+    def in_force(self) -> bool:
+        return self.objective in self.objectives
+
+    @property
+    def local_scores(self) -> bool:
+        """In force, a rule moves a node's score by the spread of all the candidates' scores, not by the node's
+        own (batch mode then scores every candidate again rather than only the nodes a batch's earlier grants
+        changed); otherwise the wrapped policy's scores, and their locality, stand."""
+        return not self.in_force() and bool(getattr(self.policy, "local_scores", False))
 
     def rule(self, pod: Pod, state: ClusterState, candidates: np.ndarray, scores: np.ndarray) -> np.ndarray:
         raise NotImplementedError
@@ -87,7 +118,8 @@ class RulePolicy:
         raise NotImplementedError
 
     def score(self, pod: Pod, state: ClusterState, candidates: np.ndarray) -> np.ndarray:
-        return self.rule(pod, state, candidates, self.policy.score(pod, state, candidates))
+        scores = self.policy.score(pod, state, candidates)
+        return self.rule(pod, state, candidates, scores) if self.in_force() else scores
 
     def choose_gpus(self, pod: Pod, state: ClusterState, node_index: int) -> tuple[int, ...] | None:
         return self.policy.choose_gpus(pod, state, node_index)
@@ -103,6 +135,11 @@ class RulePolicy:
     def _explain(self, inner: Any) -> Any:
         def explain(pod: Pod, state: ClusterState, candidates: np.ndarray, *args: Any, **kwargs: Any) -> dict:
             out = dict(inner(pod, state, candidates, *args, **kwargs))
+            if not self.in_force():
+                out["rules"] = [*out.get("rules", []), {"rule": self.prefix[:-1], "applied": False,
+                                                        "why": f"not in force under the {self.objective} objective "
+                                                               f"(it serves {', '.join(self.objectives)})"}]
+                return out
             why = self.note(pod, state, np.asarray(candidates, dtype=np.int64))
             out["rules"] = [*out.get("rules", []), {"rule": self.prefix[:-1], "applied": bool(why), "why": why}]
             return out
@@ -112,6 +149,8 @@ class RulePolicy:
         def score_batch(pods: Sequence[Pod], state: ClusterState, candidates_list: Sequence[np.ndarray],
                         *args: Any, **kwargs: Any) -> list[np.ndarray]:
             scored = inner(pods, state, candidates_list, *args, **kwargs)
+            if not self.in_force():
+                return scored
             return [self.rule(p, state, c, s) for p, c, s in zip(pods, candidates_list, scored)]
         return score_batch
 
