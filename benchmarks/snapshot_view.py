@@ -7,8 +7,10 @@ consumer reading one).
     nice .venv/bin/python benchmarks/snapshot_view.py                      # 1,523 openb nodes, 3,000 pods bound
     nice .venv/bin/python benchmarks/snapshot_view.py --bound 2000 --lookups 50
 
-Prints the median and p90 in ms per snapshot over ``--snapshots`` fresh views of the same snapshot, and the medians
-of ``compact_snapshot`` and ``state_from_snapshot`` over as many calls.
+Prints the median and p90 in ms per snapshot over ``--snapshots`` fresh views of the same snapshot, the same for the
+experience state a snapshot with decisions adds (``SnapshotView.shared``: the compact state every transition decided
+on it carries, packed and compressed once), and the medians of ``compact_snapshot`` and ``state_from_snapshot`` over
+as many calls.
 """
 
 from __future__ import annotations
@@ -53,6 +55,15 @@ def main() -> int:
         spent.append(1000 * (time.perf_counter() - started))
     print(f"{state.n_nodes} nodes, {len(bound)} pods bound, {len(pending)} pending, {len(keys)} placements looked "
           f"up: per snapshot median {np.median(spent):.1f} ms, p90 {np.percentile(spent, 90):.1f} ms")
+    experience = []  # a snapshot with decisions: the transitions' shared part, after the reward's cluster_state
+    for _ in range(args.snapshots):
+        view = SnapshotView(msg)
+        view.cluster_state()
+        started = time.perf_counter()
+        view.shared()
+        experience.append(1000 * (time.perf_counter() - started))
+    print(f"experience state (SnapshotView.shared, after cluster_state): median {np.median(experience):.1f} ms, "
+          f"p90 {np.percentile(experience, 90):.1f} ms")
     for name, call in (("compact_snapshot", lambda: compact_snapshot(state)),
                        ("state_from_snapshot", lambda: state_from_snapshot(msg.state))):
         times = []

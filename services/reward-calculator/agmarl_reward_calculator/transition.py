@@ -129,9 +129,13 @@ class SnapshotView:
             self._shared = deflate_shared(self._compact_state())
         return self._shared
 
+    def _nodes(self):
+        """The parsed nodes of a compact snapshot (the reward's ``cluster_state``: not parsed twice), else None."""
+        return self.cluster_state().nodes if is_snapshot(self.msg.state) else None
+
     def _compact_state(self) -> dict[str, Any]:
         if self._compact is None:
-            self._compact = compact_dict(self.msg.state, self.msg.pending)
+            self._compact = compact_dict(self.msg.state, self.msg.pending, nodes=self._nodes())
         return self._compact
 
     def compact_without(self, key: str) -> dict[str, Any]:
@@ -140,7 +144,7 @@ class SnapshotView:
         if found is None:
             return deflated(self._compact_state(), self.shared())
         if found[1] == _BOUND:  # the snapshot already shows the pod bound: rebuild without it (rare)
-            return deflated(compact_dict(self.msg.state, self.msg.pending, without=key))
+            return deflated(compact_dict(self.msg.state, self.msg.pending, without=key, nodes=self._nodes()))
         return deflated(drop_pending(self._compact_state(), found[1]), self.shared())
 
 

@@ -211,12 +211,13 @@ def _nodes_and_rows(state: Mapping[str, Any], what: str) -> tuple[list, list]:
 
 
 def compact_dict(state: Mapping[str, Any], pending: Sequence[Mapping[str, Any]] = (),
-                 without: str = "") -> dict[str, Any]:
+                 without: str = "", nodes: tuple[Node, ...] | None = None) -> dict[str, Any]:
     """The compact form of a ``state_to_dict`` state and ``to_dict`` pending pods; the pod whose key is
     ``without`` (if any) is left out of both, e.g. the pod a decision placed, as it was before.
-    ``state`` may also be a compact snapshot (``compact_snapshot``)."""
+    ``state`` may also be a compact snapshot (``compact_snapshot``); ``nodes``: that snapshot's nodes when the
+    caller parsed them already (``state_from_dict(state).nodes``: not parsed again)."""
     if is_snapshot(state):
-        return _compact_of_snapshot(state, pending, without)
+        return _compact_of_snapshot(state, pending, without, nodes)
     nodes, rows = _nodes_and_rows(state, "compact state")
     templates = _Templates()
     bound = [[templates.of(p) << _MASK_BITS | _mask(p.get("gpu_devices", ())) for p in pods
@@ -417,9 +418,9 @@ def bound_pod_dicts(data: Mapping[str, Any]) -> list[list[dict[str, Any]]]:
 
 
 def _compact_of_snapshot(data: Mapping[str, Any], pending: Sequence[Mapping[str, Any]],
-                         without: str) -> dict[str, Any]:
+                         without: str, nodes: tuple[Node, ...] | None) -> dict[str, Any]:
     """``compact_dict`` of a compact snapshot, without expanding its pods: identity is dropped."""
-    nodes = _nodes_from_columns(data["nodes"])
+    nodes = _nodes_from_columns(data["nodes"]) if nodes is None else nodes
     count, cols = _snapshot_columns(data, nodes)
     templates = _Templates()
     remap = [templates.of(t) for t in data["templates"]]
