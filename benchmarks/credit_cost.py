@@ -17,14 +17,14 @@ import time
 import numpy as np
 
 from agmarl_common.core.cluster.filters import feasible_nodes
-from agmarl_common.core.cluster.model import ClusterState, bind, choose_gpus, state_to_dict, to_dict
+from agmarl_common.core.cluster.model import state_to_dict, to_dict
 from agmarl_common.core.credit import placement_components, reference_placement
-from agmarl_common.core.policies.base import select_node
 from agmarl_common.core.policies.kube import KubeDefaultPolicy
 from agmarl_common.core.sim.synthetic import affinity_heavy, synthetic_cluster
 from agmarl_common.core.sim.traces import load_openb_nodes, load_openb_pods
 from agmarl_common.runtime import messages as m
 from agmarl_reward_calculator.transition import SnapshotView, decision_credit
+from agmarl_testing.states import filled
 
 
 def cluster(kind: str, bound: int, seed: int):
@@ -47,12 +47,8 @@ def main() -> int:
     args = ap.parse_args()
     nodes, to_bind, pending = cluster(args.cluster, args.bound or (3000 if args.cluster == "openb" else 1500),
                                       args.seed)
-    kube, state = KubeDefaultPolicy(), ClusterState.empty(nodes)
-    for pod in to_bind:  # kube-default places the pods that are bound
-        node = select_node(kube, pod, state, feasible_nodes(pod, state))
-        gpus = choose_gpus(pod, state.gpu_free()[node]) if node is not None and pod.num_gpu else ()
-        if node is not None and gpus is not None:
-            state = bind(state, pod, node, gpus)
+    kube = KubeDefaultPolicy()
+    state, _ = filled(nodes, to_bind, len(to_bind), kube)  # kube-default places the pods that are bound
     view = SnapshotView(m.ClusterSnapshot(cluster="bench", seq=1, time=1.0, state=state_to_dict(state),
                                           pending=[to_dict(p) for p in pending], stats={}))
     started = time.perf_counter()

@@ -22,10 +22,11 @@ import numpy as np
 
 from agmarl_common.core.cluster.compact import compact_snapshot, inflated
 from agmarl_common.core.cluster.filters import feasible_nodes
-from agmarl_common.core.cluster.model import ClusterState, Pod, bind, choose_gpus, to_dict
+from agmarl_common.core.cluster.model import ClusterState, Pod, to_dict
 from agmarl_common.core.sim import catalog, synthetic
 from agmarl_common.runtime import messages as m
 from agmarl_reward_calculator.transition import SnapshotView, encoded_experience
+from agmarl_testing.states import filled
 from agmarl_trainer.experience import decode_decision
 
 LIMIT = 8 * 1024 * 1024
@@ -38,19 +39,7 @@ def cluster(kind: str, n_bound: int, n_pending: int) -> tuple[ClusterState, list
     else:
         nodes = synthetic.synthetic_cluster(50, seed=0)
         pods = list(synthetic.generate("batch_online_mix", list(nodes), horizon_s=3600.0, seed=0))
-    state = ClusterState.empty(nodes)
-    placed, rest = 0, []
-    for pod in pods:
-        if placed >= n_bound:
-            rest.append(pod)
-            continue
-        cands = feasible_nodes(pod, state)
-        gpus = choose_gpus(pod, state.gpu_free()[int(cands[0])]) if len(cands) else None
-        if gpus is None:
-            rest.append(pod)
-            continue
-        state = bind(state, pod, int(cands[0]), gpus)
-        placed += 1
+    state, rest = filled(nodes, pods, n_bound)
     return state, rest[:n_pending]
 
 

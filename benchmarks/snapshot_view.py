@@ -21,11 +21,11 @@ import time
 import numpy as np
 
 from agmarl_common.core.cluster.compact import compact_snapshot, state_from_snapshot
-from agmarl_common.core.cluster.filters import feasible_nodes
-from agmarl_common.core.cluster.model import ClusterState, bind, choose_gpus, to_dict
+from agmarl_common.core.cluster.model import to_dict
 from agmarl_common.core.sim.traces import load_openb_nodes, load_openb_pods
 from agmarl_common.runtime import messages as m
 from agmarl_reward_calculator.transition import SnapshotView
+from agmarl_testing.states import filled
 
 
 def main() -> int:
@@ -35,12 +35,7 @@ def main() -> int:
     ap.add_argument("--snapshots", type=int, default=30)
     args = ap.parse_args()
     pods = load_openb_pods()
-    state = ClusterState.empty(load_openb_nodes())
-    for pod in pods[:args.bound]:
-        cands = feasible_nodes(pod, state)
-        gpus = choose_gpus(pod, state.gpu_free()[int(cands[0])]) if len(cands) else None
-        if gpus is not None:
-            state = bind(state, pod, int(cands[0]), gpus)
+    state, _ = filled(load_openb_nodes(), pods[:args.bound], args.bound)
     bound = [p.key for row in state.bound for p in row]
     pending = [to_dict(p) for p in pods[args.bound:args.bound + 50]]
     msg = m.ClusterSnapshot(cluster="bench", seq=1, time=1.0, state=compact_snapshot(state), pending=pending)

@@ -1,13 +1,15 @@
 """Cluster-state builders for tests: small hand-made states (``pod``, ``node``, ``zoned``, ``term``)
 and random ones for property tests (``random_pod`` / ``random_node``: every filter feature at random;
 ``rich_pod``: most pods with pod (anti-)affinity and spread terms, namespaces and richer selectors;
-``random_big_state``: such pods bound through the hard filter, some unbound again). Pure functions of
-their arguments and the numpy ``Generator`` given.
+``random_big_state``: such pods bound through the hard filter, some unbound again; ``filled``: a cluster with the
+first pods of a trace bound, as benchmarks start from). Pure functions of their arguments and the numpy
+``Generator`` given.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Sequence
 
 from agmarl_common.core.cluster.filters import feasible_nodes
 from agmarl_common.core.cluster.model import (
@@ -28,6 +30,7 @@ from agmarl_common.core.cluster.model import (
     unbind,
     unbind_at,
 )
+from agmarl_common.core.policies.base import select_node
 
 Req = LabelRequirement
 WEB = {"app": "web"}
@@ -157,3 +160,24 @@ def random_big_state(rng, n_nodes: int, n_pods: int) -> ClusterState:
             gone = state.all_pods()[int(rng.integers(len(state.all_pods())))]
             state = unbind(state, gone.key) if rng.random() < 0.5 else unbind_at(state, state.index[gone.node_name], gone.key)
     return state
+
+
+def filled(nodes: Sequence[Node], pods: Sequence[Pod], limit: int, policy=None) -> tuple[ClusterState, list[Pod]]:
+    """(a cluster of ``nodes`` with the first ``limit`` pods of ``pods`` that fit bound, in order, each on the first
+    feasible node or the node ``policy`` selects (``policies.base.select_node``), default devices; the pods not
+    bound, in order: those that did not fit, then those after the limit)."""
+    state, rest, placed = ClusterState.empty(nodes), [], 0
+    for pod in pods:
+        if placed >= limit:
+            rest.append(pod)
+            continue
+        cands = feasible_nodes(pod, state)
+        where = (select_node(policy, pod, state, cands) if policy is not None
+                 else int(cands[0]) if len(cands) else None)
+        gpus = choose_gpus(pod, state.gpu_free()[where]) if where is not None else None
+        if gpus is None:
+            rest.append(pod)
+            continue
+        state = bind(state, pod, where, gpus)
+        placed += 1
+    return state, rest
