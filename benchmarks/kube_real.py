@@ -17,7 +17,8 @@ Every mode gets a fresh control plane (etcd on a temp dir, kube-apiserver, N Nod
 - ``batch``: no kube-scheduler; pods name ``agmarl-batch-scheduler`` and inference's batch mode places and
   binds them (``agmarl up --batch-scheduler agmarl-batch-scheduler``, rollout mode full as the batch overlay);
 - ``hybrid-kill``: hybrid, with the inference process SIGKILLed (by its PID, from ``agmarl up``'s run.json)
-  when a third of the pods are bound; ``agmarl up`` restarts it.
+  when a third of the pods are bound; ``agmarl up`` restarts it (the pods kube-scheduler places alone meanwhile
+  are logged by the new process as ``unassisted``: the log column counts them, "(N u)").
 
 Per mode: pods/s from the first create to the last binding (and the create rate alone), the ratio to
 ``alone``, every pod bound?, overcommitted nodes (sum of requests > allocatable, per resource), the pods
@@ -467,14 +468,18 @@ def agmarl_figures(up: AgmarlUp, bindings: dict[str, str], args: argparse.Namesp
     # the decision log: an extender decision is published once its binding is known (watch)
     want = set(bindings)
     logged: dict[str, list[str]] = {}
+    text = ""
     deadline = time.monotonic() + args.log_timeout
     while time.monotonic() < deadline:
-        logged = parse_decisions(up.decisions(last=max(1000, 8 * len(bindings))))
+        text = up.decisions(last=max(1000, 8 * len(bindings)))
+        logged = parse_decisions(text)
         if want <= set(logged):
             break
         time.sleep(2.0)
     out["decision_log"] = decision_agreement(logged, bindings)
     out["decision_log"]["entries"] = sum(len(v) for v in logged.values())
+    # of them, pods kube-scheduler placed alone while inference restarted (its catch-up's entries)
+    out["decision_log"]["unassisted"] = text.count("policy=(unassisted)")
     return out
 
 
@@ -489,7 +494,8 @@ def print_table(reports: list[dict[str, Any]]) -> None:
         pps = r.get("pods_per_s")
         ratio = f"{pps / alone:.2f}" if pps and alone else "-"
         log = r.get("decision_log")
-        logs = f"{log['matched']}/{log['bound']}" if log else "-"
+        logs = (f"{log['matched']}/{log['bound']}" + (f" ({log['unassisted']} u)" if log.get("unassisted") else "")
+                if log else "-")
         fb = sum((r.get("extender_fallbacks") or {}).values()) if "extender_fallbacks" in r else "-"
         print(f"{r['mode']:12s} {pps or 0:8.1f} {ratio:>6s} {r.get('bound', 0):>5d}/{r['pods']:<5d} "
               f"{len(r.get('overcommitted_nodes', [])):5d} {r.get('max_pods_per_node', 0):>4d}/{r.get('min_pods_per_node', 0):<3d} "

@@ -15,8 +15,9 @@ from agmarl_common.runtime.telemetry import read_spans, span_tree
 
 def format_decision(d: m.Decision) -> str:
     node = d.node or "(unschedulable)"
+    policy = d.policy or f"({d.source})"  # unassisted: kube-scheduler placed it alone, no policy decided
     return (f"{time.strftime('%H:%M:%S', time.localtime(d.decided_at))}  {d.pod_key:40s} -> {node:18s} "
-            f"policy={d.policy} score={d.score:.1f} mode={d.mode} trace={d.trace_id}")
+            f"policy={policy} score={d.score:.1f} mode={d.mode} trace={d.trace_id}")
 
 
 async def decisions_tail(namespace: str | None, cluster: str, last: int, follow_seconds: float | None) -> int:

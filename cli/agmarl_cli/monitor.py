@@ -32,6 +32,7 @@ class Monitor:
     cluster: str
     decisions: int = 0
     unschedulable: int = 0
+    unassisted: int = 0  # entries for pods kube-scheduler placed alone (agmarl_inference.catchup): no decision
     pods_bound: int = 0
     bind_rejected: int = 0
     max_violations: int = 0
@@ -57,6 +58,9 @@ class Monitor:
             d = m.decode(m.Decision, msg.data)
         except m.DecodeError:
             self.bad_messages += 1
+            return
+        if d.source == "unassisted":  # not a decision: neither counted nor in the latency
+            self.unassisted += 1
             return
         self.decisions += 1
         if not d.node:

@@ -191,6 +191,7 @@ def build_summary(mon: Monitor, services: dict[str, str], system: System, elapse
         "duration_s": round(elapsed, 2),
         "decisions": mon.decisions,
         "unschedulable_decisions": mon.unschedulable,
+        "unassisted_placements": mon.unassisted,  # logged, not decided (agmarl_inference.catchup)
         "pods_bound": mon.pods_bound,
         "bind_rejected": mon.bind_rejected,
         "constraint_violations": mon.max_violations,

@@ -36,7 +36,10 @@ async def test_latency_counts_pods_announced_once_up_and_reports_startup_apart(n
         mon.start_measuring(gate)
         await bus.publish(subjects.decision("mon", "default"), decision("a", gate + 1.0, gate + 1.004, "t-a"))
         await bus.publish(subjects.decision("mon", "default"), decision("b", gate + 2.0, gate + 2.010, "t-b"))
-        await until(lambda: mon.decisions == 3, "3 decisions seen", 10.0)
+        # a pod kube-scheduler placed alone (the decision log's catch-up): logged, neither a decision nor a latency
+        alone = decision("alone", gate + 3.0, gate + 3.0).model_copy(update={"source": "unassisted"})
+        await bus.publish(subjects.decision("mon", "default"), alone)
+        await until(lambda: mon.decisions == 3 and mon.unassisted == 1, "3 decisions and 1 unassisted seen", 10.0)
     finally:
         await bus.close()
     lat = mon.latency_summary()

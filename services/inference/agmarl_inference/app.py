@@ -22,6 +22,7 @@ from agmarl_common.runtime.heap import settle
 from agmarl_common.runtime.metrics import Children
 from agmarl_common.runtime.service import HandlerContext, ServiceRuntime
 from agmarl_common.runtime.settings import load_settings
+from agmarl_inference import catchup
 from agmarl_inference.batch import start_batch_mode
 from agmarl_inference.decide import decide, tie_order
 from agmarl_inference.models import ModelRegistry
@@ -35,6 +36,8 @@ STARTUP_VIEW_WAIT_S = 10.0  # ... and this long for the first full graph (else t
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 MAX_UNACKED = 64  # decisions published to JetStream and not yet acknowledged; one more waits for the oldest
 FLUSH_WAIT_S = 5.0  # at shutdown, how long the decisions still unacknowledged are waited for
+# the catch-up waits this long after listening: the events of the bindings made just before have landed in EVENTS
+CATCHUP_DELAY_S = 3.0
 PREPARE_YIELDS = 3  # event-loop turns the policy's ``prepare`` waits after a decision: its publish goes out first
 
 
@@ -293,6 +296,28 @@ async def load_active_policy(rt: ServiceRuntime, app: InferenceApp) -> None:
         app.select(m.decode(m.PolicySelection, raw))
 
 
+async def log_unassisted(rt: ServiceRuntime, app: InferenceApp, settings: InferenceSettings,
+                         listening_at: float) -> None:
+    """The decision log's catch-up (``catchup``), once the state-collector's events of the bindings made just
+    before this process listened have landed (``CATCHUP_DELAY_S``); a NATS error is logged, never fatal."""
+    await asyncio.sleep(CATCHUP_DELAY_S)
+
+    async def publish(decision: m.Decision) -> None:
+        await rt.publish(subjects.decision(decision.cluster, decision.namespace), decision, js=True,
+                         msg_id=decision.decision_id)
+        app.decisions.labels(policy="", mode=decision.mode, source=catchup.UNASSISTED, result="bound").inc()
+
+    try:
+        n = await catchup.catch_up(rt.bus, publish, settings.cluster, settings.extender_scheduler_names,
+                                   settings.unlogged_lookback_seconds, listening_at, app.mode)
+    except Exception as exc:  # noqa: BLE001 - the log stays without those entries; said so
+        rt.log.warning("decision-log catch-up failed: %s: %s", type(exc).__name__, exc)
+        return
+    if n:
+        rt.log.info("decision log: %d pods bound by kube-scheduler alone before this process listened (in the last "
+                    "%.0f s) logged as unassisted", n, settings.unlogged_lookback_seconds)
+
+
 async def main() -> int:
     settings = load_settings(InferenceSettings)
     rt = ServiceRuntime(SERVICE, settings)
@@ -326,7 +351,8 @@ async def main() -> int:
     rt.spawn(app.replica.expire_loop(), name="assumed-expiry")
     rt.spawn(app.prepare_loop(), name="policy-prepare")
     await app.models.start(settings.initial_policy)
-    await start_extender(rt, extender, settings)
+    if await start_extender(rt, extender, settings):
+        rt.spawn(log_unassisted(rt, app, settings, time.time()), name="decision-log catch-up")
     # Everything that exists now (modules, FastAPI, pydantic schemas, OTel, NATS) lives as long as the
     # process: out of full collections, a gen-2 pause scans only newer objects (40-120 ms -> a few ms); the
     # cluster view and the policy's model follow once they are in (settle_when_warm)

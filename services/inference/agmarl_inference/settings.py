@@ -22,6 +22,11 @@ class InferenceSettings(common.ModelInputSettings, common.KubeSettings):
     http_port: int = 8080
     canary_namespaces: list[str] = []  # canary mode: only these namespaces get the model's scores
     canary_label_selector: str = ""  # canary mode: or pods matching this label selector (k=v,k2=v2)
+    # the decision log's catch-up at start (agmarl_inference.catchup): pods of these schedulers (kube-scheduler
+    # profiles that call this extender) bound with no entry in the last unlogged_lookback_seconds get one
+    # (source unassisted); [] or 0 = off
+    extender_scheduler_names: list[str] = ["agmarl-scheduler"]
+    unlogged_lookback_seconds: float = 600.0
     extender_budget_ms: int = 100  # every extender answer within this; late model/state -> default scores
     # 16 MiB: a full v1.NodeList (nodeCacheCapable: false) of 5,000 nodes at ~2 KiB each is ~10 MB
     max_body_bytes: int = 16 * 1024 * 1024

@@ -165,6 +165,9 @@ async def test_a_killed_process_s_bound_decisions_are_rewarded_after_their_pods_
         await event("bind_rejected", "d3", "p3", "b")
         await bus.js_publish(subjects.decision(cluster, "default"), decision("d5", "p5", "a", cluster))
         await event("pod_bound", "d5", "p5")
+        # d6: an entry for a pod kube-scheduler placed alone (inference's catch-up): settled, never rewarded
+        alone = decision("d6", "p6", "a", cluster).model_copy(update={"source": "unassisted"})
+        await bus.js_publish(subjects.decision(cluster, "default"), alone)
         await bus.flush()
         proc = service_processes("agmarl_reward_calculator", env=env)
         health = await wait_healthy(bus, "reward-calculator", timeout=30, proc=proc)
@@ -190,4 +193,5 @@ async def test_a_killed_process_s_bound_decisions_are_rewarded_after_their_pods_
     assert samples == {'agmarl_outcomes_recalled_total{type="pod_bound"}': "3.0",
                        'agmarl_outcomes_recalled_total{type="bind_rejected"}': "1.0",
                        'agmarl_decisions_unrewarded_total{reason="not_bound"}': "1.0",  # d4
-                       'agmarl_decisions_unrewarded_total{reason="refused"}': "1.0"}, samples  # d3
+                       'agmarl_decisions_unrewarded_total{reason="refused"}': "1.0",  # d3
+                       'agmarl_decisions_unrewarded_total{reason="unassisted"}': "1.0"}, samples  # d6

@@ -127,7 +127,9 @@ class Decision(Message):
     trace_id: str = ""
     seen_at: float
     decided_at: float
-    source: Literal["loop", "extender", "batch"] = "loop"
+    # unassisted: no decision of the services; a pod kube-scheduler bound alone while no inference answered its
+    # extender calls, logged by the next inference process at its start (agmarl_inference.catchup)
+    source: Literal["loop", "extender", "batch", "unassisted"] = "loop"
     origin: str = ""  # the deciding inference replica
     origin_seq: int = 0  # its decision counter
 

@@ -181,17 +181,18 @@ CATALOGUE: list[CatalogueEntry] = [
                    "Full cluster state with pending pods and utilisation statistics (epoch, seq shared with events); "
                    "inference reads only its pending list, in batch mode"),
     CatalogueEntry(f"{PREFIX}.event.{_C}", "event", "state-collector",
-                   ("graph-builder", "reward-calculator", "cli"), EVENTS.name,
+                   ("graph-builder", "inference", "reward-calculator", "cli"), EVENTS.name,
                    "Pod and node lifecycle outcomes in order (epoch, seq); pod_bound carries the pod (the "
                    "reward-calculator rewards bound decisions only, and reads outcomes back from EVENTS after a "
-                   "restart)"),
+                   "restart; inference reads the bindings back at start, for its decision log's catch-up)"),
     CatalogueEntry(f"{PREFIX}.graph.{_C}", "graph_update", "graph-builder", ("inference",), None,
                    "The versioned whole-cluster graph: full states and ordered changes (cluster views replicate it)"),
     CatalogueEntry(f"{PREFIX}.graph_sync.{_C}", "graph_sync", "inference", ("graph-builder",), None,
                    "Request/reply: a cluster view asks graph-builder for the current full graph (reply graph_update)"),
     CatalogueEntry(f"{PREFIX}.decision.{_C}.{_N}", "decision", "inference",
-                   ("state-collector", "reward-calculator", "cli"), DECISIONS.name,
-                   "A scheduling decision with scores and explanation (decision log)"),
+                   ("state-collector", "inference", "reward-calculator", "cli"), DECISIONS.name,
+                   "A scheduling decision with scores and explanation (decision log); source unassisted: a pod "
+                   "kube-scheduler bound alone, logged by inference's catch-up at start, which reads the log back"),
     CatalogueEntry(f"{PREFIX}.reward.{_C}", "reward", "reward-calculator", ("adaptive-engine",), None,
                    "Reward of one decision with every component"),
     CatalogueEntry(f"{PREFIX}.experience.{_C}", "experience", "reward-calculator", ("trainer",),

@@ -1,0 +1,91 @@
+"""Decision-log catch-up: the pods kube-scheduler bound while no inference process answered its extender calls.
+
+The extender is ``ignorable`` (docs/deploy.md): while inference restarts, kube-scheduler places the pods of its
+profile alone, and no decision entry names them. Once this process listens, it reads back the last
+``unlogged_lookback_seconds`` of the EVENTS stream (the state-collector's ``pod_bound`` events: every binding its
+watch saw) and of the DECISIONS stream (every entry of this cluster), and logs each pod of an extender scheduler
+(``extender_scheduler_names``) bound before this process listened that no entry names: a Decision with source
+``unassisted``, ``node`` and ``bound_node`` where it went, no policy, no scores, and the reason in its
+explanation. A pod whose entry the previous process held for its binding when it ended is logged the same way
+(its entry was lost with it). The entry's id comes from the event (``unassisted-<epoch>-<seq>``), so two
+processes starting together log a pod once (JetStream's duplicate window) and a later start finds the entry.
+
+Pods are matched by key (namespace/name): a pod deleted and created again under the same name within the window,
+logged once, is not logged again. Bindings older than the window stay unlogged (docs/deploy.md "Pods placed while
+inference was down").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from typing import Any, Iterable, Sequence
+
+from agmarl_common.runtime import messages as m
+from agmarl_common.runtime import subjects
+
+UNASSISTED = "unassisted"
+REASON = ("bound by kube-scheduler without a decision of the services: no inference process answered its extender "
+          "calls (the extender is ignorable), or the one that did ended before logging it")
+
+
+def unlogged(events: Iterable[m.ClusterEvent], logged: set[str], schedulers: Sequence[str],
+             before: float) -> list[m.ClusterEvent]:
+    """The last ``pod_bound`` event of each pod of ``schedulers`` bound before ``before`` whose key is not in
+    ``logged``, in event order (pure)."""
+    last: dict[str, m.ClusterEvent] = {}
+    for ev in events:
+        if ev.type == "pod_bound" and ev.time < before and ev.node and ev.pod_key not in logged \
+                and str(ev.pod.get("scheduler_name", "")) in schedulers:
+            last.pop(ev.pod_key, None)
+            last[ev.pod_key] = ev
+    return list(last.values())
+
+
+def unassisted_decision(ev: m.ClusterEvent, mode: str) -> m.Decision:
+    namespace = str(ev.pod.get("namespace", "")) or ev.pod_key.partition("/")[0] or "default"
+    return m.Decision(
+        decision_id=f"{UNASSISTED}-{ev.epoch}-{ev.seq}", cluster=ev.cluster, namespace=namespace, pod_key=ev.pod_key,
+        node=ev.node, gpus=list(ev.gpus), bound_node=ev.node, policy="", mode=mode,
+        explanation={"reason": REASON, "binding": "watch", "bound_at": ev.time}, seen_at=ev.time,
+        decided_at=ev.time, source=UNASSISTED)
+
+
+async def read_back(bus: Any, subject: str, since: datetime.datetime, kind: type, timeout: float) -> list[Any]:
+    """Every message of ``subject``'s stream stored since ``since`` that decodes as ``kind``, until none is
+    left (or ``timeout`` seconds pass with none coming)."""
+    out: list[Any] = []
+    sub = await bus.follow_since(subject, since)
+    try:
+        info = await sub.consumer_info()
+        if info.num_pending == 0 and info.delivered.consumer_seq == 0:  # nothing stored, nothing on its way
+            return out
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=timeout)
+            except asyncio.TimeoutError:
+                return out
+            try:
+                out.append(m.decode(kind, msg.data))
+            except m.DecodeError:
+                pass
+            if msg.metadata.num_pending == 0:
+                return out
+    finally:
+        await sub.unsubscribe()
+
+
+async def catch_up(bus: Any, publish: Any, cluster: str, schedulers: Sequence[str], lookback_s: float,
+                   listening_at: float, mode: str, timeout: float = 2.0) -> int:
+    """Log the pods bound without a decision (module docstring) through ``publish(decision)``; how many."""
+    if lookback_s <= 0 or not schedulers:
+        return 0
+    since = datetime.datetime.fromtimestamp(listening_at - lookback_s, datetime.timezone.utc)
+    await bus.ensure_stream(subjects.EVENTS)
+    events = await read_back(bus, subjects.event(cluster), since, m.ClusterEvent, timeout)
+    entries = await read_back(bus, subjects.decision_wildcard(cluster), since, m.Decision, timeout)
+    logged = {d.pod_key for d in entries if d.cluster == cluster}
+    found = unlogged((e for e in events if e.cluster == cluster), logged, schedulers, listening_at)
+    for ev in found:
+        await publish(unassisted_decision(ev, mode))
+    return len(found)
