@@ -9,7 +9,7 @@ import pytest
 from agmarl_common.runtime.messages import (
     DEAD_LETTER_PAYLOAD_BYTES, MAX_MESSAGE_BYTES, MESSAGES, ClusterEvent, ClusterSnapshot, DeadLetter, Decision,
     DecodeError, Experience, GraphSync, GraphUpdate, HealthStatus, ModelPublished, PendingPod, PolicySelection,
-    Reward, SelectionRefused, TrainRequest, TrainStatus, _to_plain, dead_letter, decode, encode)
+    Reward, SelectionRefused, TrainRequest, TrainStatus, _to_plain, dead_letter, decode, encode, peek)
 from pydantic import BaseModel
 
 POD = {"name": "p0", "namespace": "team-a", "cpu_milli": 500, "memory_mib": 256, "gpu_count": 1}
@@ -167,3 +167,14 @@ def test_dead_letter_truncates_payload():
     assert letter.size == len(payload)
     assert base64.b64decode(letter.payload_b64) == payload[:DEAD_LETTER_PAYLOAD_BYTES]
     assert decode(DeadLetter, encode(letter)) == letter
+
+
+def test_peek_reads_one_text_field_and_nothing_else():
+    d = Decision(decision_id="d1", cluster="c", namespace="ns", pod_key="ns/p", policy="fgd", mode="full",
+                   seen_at=1.0, decided_at=2.0)
+    data = encode(d)
+    assert peek(data, "pod_key") == "ns/p" and peek(data, "cluster") == "c"
+    assert peek(data, "seen_at") is None and peek(data, "missing") is None  # not text / absent
+    for bad in (b"\xc1", b"", encode(d)[:5], b"\x93\x01\x02\x03"):  # not msgpack, truncated, not a map
+        assert peek(bad, "pod_key") is None
+    assert peek(data, "pod_key", max_bytes=len(data) - 1) is None  # oversized

@@ -308,14 +308,14 @@ async def log_unassisted(rt: ServiceRuntime, app: InferenceApp, settings: Infere
         app.decisions.labels(policy="", mode=decision.mode, source=catchup.UNASSISTED, result="bound").inc()
 
     try:
-        n = await catchup.catch_up(rt.bus, publish, settings.cluster, settings.extender_scheduler_names,
-                                   settings.unlogged_lookback_seconds, listening_at, app.mode)
+        done = await catchup.catch_up(rt.bus, publish, settings.cluster, settings.extender_scheduler_names,
+                                      settings.unlogged_lookback_seconds, listening_at, app.mode)
     except Exception as exc:  # noqa: BLE001 - the log stays without those entries; said so
         rt.log.warning("decision-log catch-up failed: %s: %s", type(exc).__name__, exc)
         return
-    if n:
-        rt.log.info("decision log: %d pods bound by kube-scheduler alone before this process listened (in the last "
-                    "%.0f s) logged as unassisted", n, settings.unlogged_lookback_seconds)
+    rt.log.info("decision-log catch-up: %d pods bound by kube-scheduler alone before this process listened logged "
+                "as unassisted (the last %.0f s: %d events and %d entries read back in %.2f s)", done.logged,
+                settings.unlogged_lookback_seconds, done.events, done.entries, done.seconds)
 
 
 async def main() -> int:

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-from typing import Any, Iterable, Sequence
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
 
 from agmarl_common.runtime import messages as m
 from agmarl_common.runtime import subjects
@@ -42,6 +44,19 @@ def unlogged(events: Iterable[m.ClusterEvent], logged: set[str], schedulers: Seq
     return list(last.values())
 
 
+def event_of(data: bytes) -> m.ClusterEvent | None:
+    try:
+        return m.decode(m.ClusterEvent, data)
+    except m.DecodeError:
+        return None
+
+
+def pod_key_of(data: bytes, cluster: str) -> str | None:
+    """The pod key a decision entry of ``cluster`` names, read without building the whole entry (the lookback's log
+    can be tens of thousands of entries with their scores); None for anything else."""
+    return m.peek(data, "pod_key") if m.peek(data, "cluster") == cluster else None
+
+
 def unassisted_decision(ev: m.ClusterEvent, mode: str) -> m.Decision:
     namespace = str(ev.pod.get("namespace", "")) or ev.pod_key.partition("/")[0] or "default"
     return m.Decision(
@@ -51,9 +66,10 @@ def unassisted_decision(ev: m.ClusterEvent, mode: str) -> m.Decision:
         decided_at=ev.time, source=UNASSISTED)
 
 
-async def read_back(bus: Any, subject: str, since: datetime.datetime, kind: type, timeout: float) -> list[Any]:
-    """Every message of ``subject``'s stream stored since ``since`` that decodes as ``kind``, until none is
-    left (or ``timeout`` seconds pass with none coming)."""
+async def read_back(bus: Any, subject: str, since: datetime.datetime, decode: Callable[[bytes], Any],
+                    timeout: float) -> list[Any]:
+    """``decode(data)`` of every message of ``subject``'s stream stored since ``since`` (None: left out), until
+    none is left (or ``timeout`` seconds pass with none coming)."""
     out: list[Any] = []
     sub = await bus.follow_since(subject, since)
     try:
@@ -65,27 +81,37 @@ async def read_back(bus: Any, subject: str, since: datetime.datetime, kind: type
                 msg = await sub.next_msg(timeout=timeout)
             except asyncio.TimeoutError:
                 return out
-            try:
-                out.append(m.decode(kind, msg.data))
-            except m.DecodeError:
-                pass
+            found = decode(msg.data)
+            if found is not None:
+                out.append(found)
             if msg.metadata.num_pending == 0:
                 return out
     finally:
         await sub.unsubscribe()
 
 
+@dataclass(frozen=True)
+class CatchUp:
+    logged: int = 0  # entries published (pods bound alone)
+    events: int = 0  # events read back
+    entries: int = 0  # decision-log entries read back
+    seconds: float = 0.0
+
+
 async def catch_up(bus: Any, publish: Any, cluster: str, schedulers: Sequence[str], lookback_s: float,
-                   listening_at: float, mode: str, timeout: float = 2.0) -> int:
-    """Log the pods bound without a decision (module docstring) through ``publish(decision)``; how many."""
+                   listening_at: float, mode: str, timeout: float = 2.0) -> CatchUp:
+    """Log the pods bound without a decision (module docstring) through ``publish(decision)``."""
     if lookback_s <= 0 or not schedulers:
-        return 0
+        return CatchUp()
+    started = time.monotonic()
     since = datetime.datetime.fromtimestamp(listening_at - lookback_s, datetime.timezone.utc)
     await bus.ensure_stream(subjects.EVENTS)
-    events = await read_back(bus, subjects.event(cluster), since, m.ClusterEvent, timeout)
-    entries = await read_back(bus, subjects.decision_wildcard(cluster), since, m.Decision, timeout)
-    logged = {d.pod_key for d in entries if d.cluster == cluster}
-    found = unlogged((e for e in events if e.cluster == cluster), logged, schedulers, listening_at)
+    events = [e for e in await read_back(bus, subjects.event(cluster), since, event_of, timeout)
+              if e.cluster == cluster]
+    if not unlogged(events, set(), schedulers, listening_at):  # no binding of ours: the log need not be read
+        return CatchUp(events=len(events), seconds=time.monotonic() - started)
+    keys = await read_back(bus, subjects.decision_wildcard(cluster), since, lambda d: pod_key_of(d, cluster), timeout)
+    found = unlogged(events, set(keys), schedulers, listening_at)
     for ev in found:
         await publish(unassisted_decision(ev, mode))
-    return len(found)
+    return CatchUp(len(found), len(events), len(keys), time.monotonic() - started)

@@ -26,7 +26,7 @@ class InferenceSettings(common.ModelInputSettings, common.KubeSettings):
     # profiles that call this extender) bound with no entry in the last unlogged_lookback_seconds get one
     # (source unassisted); [] or 0 = off
     extender_scheduler_names: list[str] = ["agmarl-scheduler"]
-    unlogged_lookback_seconds: float = 600.0
+    unlogged_lookback_seconds: float = 120.0
     extender_budget_ms: int = 100  # every extender answer within this; late model/state -> default scores
     # 16 MiB: a full v1.NodeList (nodeCacheCapable: false) of 5,000 nodes at ~2 KiB each is ~10 MB
     max_body_bytes: int = 16 * 1024 * 1024

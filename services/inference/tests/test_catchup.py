@@ -60,15 +60,18 @@ async def test_the_pods_bound_alone_are_logged_once_as_unassisted(nats_url):
             await bus.js_publish(subjects.decision(cluster, decision.namespace), decision,
                                  msg_id=decision.decision_id)
 
-        assert await catch_up(bus, publish, cluster, [EXT], 600.0, now, "hybrid") == 1
-        assert await catch_up(bus, publish, cluster, [EXT], 600.0, now, "hybrid") == 0  # it finds its entry
-        log = await read_back(bus, subjects.decision_wildcard(cluster), datetime.datetime.fromtimestamp(now - 600, datetime.timezone.utc), m.Decision, 2.0)
+        first = await catch_up(bus, publish, cluster, [EXT], 600.0, now, "hybrid")
+        assert (first.logged, first.events, first.entries) == (1, 3, 1)
+        again = await catch_up(bus, publish, cluster, [EXT], 600.0, now, "hybrid")  # it finds its entry
+        assert (again.logged, again.entries) == (0, 2)
+        since = datetime.datetime.fromtimestamp(now - 600, datetime.timezone.utc)
+        log = await read_back(bus, subjects.decision_wildcard(cluster), since, lambda b: m.decode(m.Decision, b), 2.0)
         [new] = [e for e in log if e.source == UNASSISTED]
         assert (new.pod_key, new.namespace, new.node, new.bound_node, new.policy) == (
             "team-a/alone", "team-a", "n2", "n2", "")
         assert "without a decision of the services" in new.explanation["reason"]
         assert len(log) == 2
-        assert await catch_up(bus, publish, cluster, [EXT], 0.0, now, "hybrid") == 0  # off
+        assert (await catch_up(bus, publish, cluster, [EXT], 0.0, now, "hybrid")).logged == 0  # off
     finally:
         await bus.close()
 
@@ -95,8 +98,8 @@ async def test_inferences_identity_may_read_the_bindings_and_the_log_back(secure
             await inference.js_publish(subjects.decision(cluster, decision.namespace), decision,
                                        msg_id=decision.decision_id)
 
-        assert await catch_up(inference, publish, cluster, [EXT], 600.0, now, "hybrid") == 1
-        assert await catch_up(inference, publish, cluster, [EXT], 600.0, now, "hybrid") == 0
+        assert (await catch_up(inference, publish, cluster, [EXT], 600.0, now, "hybrid")).logged == 1
+        assert (await catch_up(inference, publish, cluster, [EXT], 600.0, now, "hybrid")).logged == 0
     finally:
         await inference.close()
         await collector.close()

@@ -255,6 +255,20 @@ def _packb(value: Any) -> bytes:
 
 
 
+def peek(data: bytes, field: str, max_bytes: int = MAX_MESSAGE_BYTES) -> str | None:
+    """One text field of an encoded message, without validating or building the rest (a reader that scans many
+    messages for one field, e.g. the pod keys of a decision log); None when ``data`` is not a message holding it
+    as text."""
+    if len(data) > max_bytes:
+        return None
+    try:
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception:  # noqa: BLE001 - msgpack raises several unrelated types on bad input
+        return None
+    value = obj.get(field) if isinstance(obj, dict) else None
+    return value if isinstance(value, str) else None
+
+
 def decode(cls: type[Message], data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
     """Bytes -> ``cls`` instance, strictly validated; raises ``DecodeError`` on any problem."""
     size = len(data)
