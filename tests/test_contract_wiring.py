@@ -40,6 +40,26 @@ def handled(service: str) -> set[tuple[str, str]]:
     return out
 
 
+def read_back(service: str) -> set[str]:
+    """Subject kinds a service reads back from their stream at start (``read_back(bus, subjects.<fn>(...), ...)`` or
+    ``bus.follow_since(subjects.<fn>(...), ...)``): a consumer without a live handler (inference's catch-up)."""
+    out = set()
+    for path in (ROOT / "services" / service).rglob("*.py"):
+        if "tests" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if name not in ("read_back", "follow_since"):
+                continue
+            for a in node.args:
+                if isinstance(a, ast.Call) and isinstance(a.func, ast.Attribute) and \
+                        isinstance(a.func.value, ast.Name) and a.func.value.id == "subjects":
+                    out.add(HELPER_KIND.get(a.func.attr, a.func.attr))
+    return out
+
+
 def catalogue_consumers() -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for entry in subjects.CATALOGUE:
@@ -62,4 +82,5 @@ def test_every_catalogued_service_consumer_has_a_handler():
         for service in names & set(SERVICES):
             if kind == "health":
                 continue
-            assert kind in {k for k, _ in handled(service)}, f"catalogue says {service} consumes {kind}; no handler"
+            assert kind in {k for k, _ in handled(service)} | read_back(service), \
+                f"catalogue says {service} consumes {kind}; no handler and no read-back"
