@@ -296,7 +296,7 @@ async def load_active_policy(rt: ServiceRuntime, app: InferenceApp) -> None:
         app.select(m.decode(m.PolicySelection, raw))
 
 
-async def log_unassisted(rt: ServiceRuntime, app: InferenceApp, settings: InferenceSettings,
+async def log_unassisted(rt: ServiceRuntime, app: InferenceApp, extender, settings: InferenceSettings,
                          listening_at: float) -> None:
     """The decision log's catch-up (``catchup``), once the state-collector's events of the bindings made just
     before this process listened have landed (``CATCHUP_DELAY_S``); a NATS error is logged, never fatal."""
@@ -309,11 +309,14 @@ async def log_unassisted(rt: ServiceRuntime, app: InferenceApp, settings: Infere
 
     try:
         done = await catchup.catch_up(rt.bus, publish, settings.cluster, settings.extender_scheduler_names,
-                                      settings.unlogged_lookback_seconds, listening_at, app.mode)
+                                      settings.unlogged_lookback_seconds, listening_at, app.mode,
+                                      known=app.view.schedulers, seen=lambda: extender.service.seen or set())
     except Exception as exc:  # noqa: BLE001 - the log stays without those entries; said so
         rt.log.warning("decision-log catch-up failed: %s: %s", type(exc).__name__, exc)
         return
-    rt.log.info("decision-log catch-up: %d pods bound by kube-scheduler alone before this process listened logged "
+    finally:
+        extender.service.seen = None  # done: the extender stops recording the pods it is asked about
+    rt.log.info("decision-log catch-up: %d pods bound by kube-scheduler without a decision of the services logged "
                 "as unassisted (the last %.0f s: %d events and %d entries read back in %.2f s)", done.logged,
                 settings.unlogged_lookback_seconds, done.events, done.entries, done.seconds)
 
@@ -352,7 +355,7 @@ async def main() -> int:
     rt.spawn(app.prepare_loop(), name="policy-prepare")
     await app.models.start(settings.initial_policy)
     if await start_extender(rt, extender, settings):
-        rt.spawn(log_unassisted(rt, app, settings, time.time()), name="decision-log catch-up")
+        rt.spawn(log_unassisted(rt, app, extender, settings, time.time()), name="decision-log catch-up")
     # Everything that exists now (modules, FastAPI, pydantic schemas, OTel, NATS) lives as long as the
     # process: out of full collections, a gen-2 pause scans only newer objects (40-120 ms -> a few ms); the
     # cluster view and the policy's model follow once they are in (settle_when_warm)

@@ -4,7 +4,7 @@ The extender is ``ignorable`` (docs/deploy.md): while inference restarts, kube-s
 profile alone, and no decision entry names them. Once this process listens, it reads back the last
 ``unlogged_lookback_seconds`` of the EVENTS stream (the state-collector's ``pod_bound`` events: every binding its
 watch saw) and of the DECISIONS stream (every entry of this cluster), and logs each pod of an extender scheduler
-(``extender_scheduler_names``) bound before this process listened that no entry names: a Decision with source
+(``extender_scheduler_names``) bound that no entry names and this process was not asked about: a Decision with source
 ``unassisted``, ``node`` and ``bound_node`` where it went, no policy, no scores, and the reason in its
 explanation. A pod whose entry the previous process held for its binding when it ended is logged the same way
 (its entry was lost with it). The entry's id comes from the event (``unassisted-<epoch>-<seq>``), so two
@@ -21,7 +21,7 @@ import asyncio
 import datetime
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from agmarl_common.runtime import messages as m
 from agmarl_common.runtime import subjects
@@ -32,13 +32,17 @@ REASON = ("bound by kube-scheduler without a decision of the services: no infere
 
 
 def unlogged(events: Iterable[m.ClusterEvent], logged: set[str], schedulers: Sequence[str],
-             before: float) -> list[m.ClusterEvent]:
-    """The last ``pod_bound`` event of each pod of ``schedulers`` bound before ``before`` whose key is not in
-    ``logged``, in event order (pure)."""
+             known: Mapping[str, str] | None = None) -> list[m.ClusterEvent]:
+    """The last ``pod_bound`` event of each pod of ``schedulers`` whose key is not in ``logged`` (the log's entries
+    and the pods this process was asked about), in event order (pure). A pod's scheduler is the one its event
+    carries, else ``known[key]`` (the cluster view's: an event whose pod the state-collector's cache did not hold
+    yet carries none). Not the event's time: under load the state-collector stamps a binding seconds late."""
+    known = known or {}
     last: dict[str, m.ClusterEvent] = {}
     for ev in events:
-        if ev.type == "pod_bound" and ev.time < before and ev.node and ev.pod_key not in logged \
-                and str(ev.pod.get("scheduler_name", "")) in schedulers:
+        scheduler = str(ev.pod.get("scheduler_name", "")) if ev.pod else known.get(ev.pod_key, "")
+        if ev.type == "pod_bound" and ev.node and ev.pod_key not in logged \
+                and scheduler in schedulers:
             last.pop(ev.pod_key, None)
             last[ev.pod_key] = ev
     return list(last.values())
@@ -99,8 +103,12 @@ class CatchUp:
 
 
 async def catch_up(bus: Any, publish: Any, cluster: str, schedulers: Sequence[str], lookback_s: float,
-                   listening_at: float, mode: str, timeout: float = 2.0) -> CatchUp:
-    """Log the pods bound without a decision (module docstring) through ``publish(decision)``."""
+                   listening_at: float, mode: str, timeout: float = 2.0,
+                   known: Callable[[], Mapping[str, str]] = dict, seen: Callable[[], set[str]] = set) -> CatchUp:
+    """Log the pods bound without a decision (module docstring) through ``publish(decision)``; ``known()``: pod
+    key -> scheduler name of the pods the cluster view holds (for events that do not carry the pod); ``seen()``:
+    the pods this process's extender was asked about (its entries may not be published yet), taken before the
+    log is read."""
     if lookback_s <= 0 or not schedulers:
         return CatchUp()
     started = time.monotonic()
@@ -108,10 +116,11 @@ async def catch_up(bus: Any, publish: Any, cluster: str, schedulers: Sequence[st
     await bus.ensure_stream(subjects.EVENTS)
     events = [e for e in await read_back(bus, subjects.event(cluster), since, event_of, timeout)
               if e.cluster == cluster]
-    if not unlogged(events, set(), schedulers, listening_at):  # no binding of ours: the log need not be read
+    schedulers_of, asked = known(), set(seen())
+    if not unlogged(events, asked, schedulers, schedulers_of):  # none of ours: the log need not be read
         return CatchUp(events=len(events), seconds=time.monotonic() - started)
     keys = await read_back(bus, subjects.decision_wildcard(cluster), since, lambda d: pod_key_of(d, cluster), timeout)
-    found = unlogged(events, set(keys), schedulers, listening_at)
+    found = unlogged(events, asked | set(keys), schedulers, schedulers_of)
     for ev in found:
         await publish(unassisted_decision(ev, mode))
     return CatchUp(len(found), len(events), len(keys), time.monotonic() - started)

@@ -179,6 +179,8 @@ class ExtenderService:
         self._body_pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="extender-body")
         self.pending: OrderedDict[str, PendingDecision] = OrderedDict()  # pod key -> decision awaiting its binding
         self._traces: OrderedDict[str, Any] = OrderedDict()  # pod uid -> context of the pod's first verb span
+        # pod keys this process was asked about, until the decision log's catch-up has run (catchup): None after
+        self.seen: set[str] | None = set()
 
     def close(self) -> None:
         self._state_pool.shutdown(wait=False, cancel_futures=True)
@@ -228,12 +230,14 @@ class ExtenderService:
                     self._traces.popitem(last=False)
             yield span
 
-    @staticmethod
-    def _pod(obj: dict[str, Any]) -> Pod:
+    def _pod(self, obj: dict[str, Any]) -> Pod:
         try:
-            return kc.pod_from_k8s(obj)
+            pod = kc.pod_from_k8s(obj)
         except kc.KubeConvertError as exc:
             raise BadRequest(f"Pod: {exc}") from None
+        if self.seen is not None:
+            self.seen.add(pod.key)
+        return pod
 
     def _record(self, build: Callable[[], m.Decision], result: str, policy: str, mode: str,
                 span: trace.Span) -> None:

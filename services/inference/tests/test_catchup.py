@@ -32,15 +32,22 @@ def entry(cluster: str, key: str, node: str) -> m.Decision:
                       policy="model:default", mode="hybrid", seen_at=1.0, decided_at=1.0, source="extender")
 
 
-def test_only_pods_of_the_extenders_schedulers_bound_before_it_listened_and_never_logged():
+def test_only_pods_of_the_extenders_schedulers_never_logged_and_never_asked_about():
     c = "c"
     events = [bound(c, 1, "logged", "n1", 10.0), bound(c, 2, "alone", "n2", 11.0),
               bound(c, 3, "other", "n3", 12.0, scheduler="default-scheduler"),
               bound(c, 4, "late", "n4", 30.0), bound(c, 5, "alone", "n5", 13.0),  # bound again: the last counts
               m.ClusterEvent(cluster=c, seq=6, type="pod_deleted", pod_key="default/gone", time=14.0)]
-    found = unlogged(events, {"default/logged"}, [EXT], before=20.0)
-    assert [(e.pod_key, e.node) for e in found] == [("default/alone", "n5")]
-    assert unlogged(events, set(), [], before=20.0) == []
+    found = unlogged(events, {"default/logged"}, [EXT])
+    assert [(e.pod_key, e.node) for e in found] == [("default/late", "n4"), ("default/alone", "n5")]
+    # "late": a pod this process's extender was asked about (its entry may not be out yet) is not logged here
+    assert [e.pod_key for e in unlogged(events, {"default/logged", "default/late"}, [EXT])] == ["default/alone"]
+    assert unlogged(events, set(), []) == []
+    # an event whose pod the state-collector's cache did not hold carries none: the view's scheduler decides
+    bare = m.ClusterEvent(cluster=c, seq=7, type="pod_bound", pod_key="default/bare", node="n6", time=15.0)
+    assert unlogged([bare], set(), [EXT]) == []
+    assert unlogged([bare], set(), [EXT], known={"default/bare": EXT}) == [bare]
+    assert unlogged([bare], set(), [EXT], known={"default/bare": "default-scheduler"}) == []
 
 
 async def test_the_pods_bound_alone_are_logged_once_as_unassisted(nats_url):

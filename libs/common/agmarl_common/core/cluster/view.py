@@ -59,6 +59,10 @@ class ClusterView:
     def warm(self) -> bool:
         return self.state is not None
 
+    def schedulers(self) -> dict[str, str]:
+        """Pod key -> scheduler name of every pod the view holds bound."""
+        return {} if self.state is None else {p.key: p.scheduler_name for row in self.state.bound for p in row}
+
     def position(self, epoch: str, seq: int) -> Position:
         """Where a producer stamp falls: the next change, after a gap, already applied, or a reset."""
         if self.state is None or epoch != self.epoch or abs(seq - self.seq) > MAX_SEQ_JUMP:
