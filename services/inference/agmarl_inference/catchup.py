@@ -58,7 +58,8 @@ def event_of(data: bytes) -> m.ClusterEvent | None:
 def pod_key_of(data: bytes, cluster: str) -> str | None:
     """The pod key a decision entry of ``cluster`` names, read without building the whole entry (the lookback's log
     can be tens of thousands of entries with their scores); None for anything else."""
-    return m.peek(data, "pod_key") if m.peek(data, "cluster") == cluster else None
+    found, key = m.peek_all(data, ("cluster", "pod_key"))
+    return key if found == cluster else None
 
 
 def unassisted_decision(ev: m.ClusterEvent, mode: str) -> m.Decision:

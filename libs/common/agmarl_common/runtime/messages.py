@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import uuid
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Sequence
 
 import msgpack
 import numpy as np
@@ -259,14 +259,19 @@ def peek(data: bytes, field: str, max_bytes: int = MAX_MESSAGE_BYTES) -> str | N
     """One text field of an encoded message, without validating or building the rest (a reader that scans many
     messages for one field, e.g. the pod keys of a decision log); None when ``data`` is not a message holding it
     as text."""
-    if len(data) > max_bytes:
-        return None
-    try:
-        obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
-    except Exception:  # noqa: BLE001 - msgpack raises several unrelated types on bad input
-        return None
-    value = obj.get(field) if isinstance(obj, dict) else None
-    return value if isinstance(value, str) else None
+    return peek_all(data, (field,), max_bytes)[0]
+
+
+def peek_all(data: bytes, fields: Sequence[str], max_bytes: int = MAX_MESSAGE_BYTES) -> tuple[str | None, ...]:
+    """``peek`` of each of ``fields``, the message unpacked once."""
+    obj = None
+    if len(data) <= max_bytes:
+        try:
+            obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        except Exception:  # noqa: BLE001 - msgpack raises several unrelated types on bad input
+            obj = None
+    values = [obj.get(f) if isinstance(obj, dict) else None for f in fields]
+    return tuple(v if isinstance(v, str) else None for v in values)
 
 
 def decode(cls: type[Message], data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
