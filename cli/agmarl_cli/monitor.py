@@ -59,7 +59,7 @@ class Monitor:
         except m.DecodeError:
             self.bad_messages += 1
             return
-        if d.source == "unassisted":  # not a decision: neither counted nor in the latency
+        if d.source == m.UNASSISTED:  # not a decision: neither counted nor in the latency
             self.unassisted += 1
             return
         self.decisions += 1

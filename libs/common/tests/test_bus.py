@@ -180,6 +180,39 @@ async def test_follow_since_reads_on_across_a_nats_restart(tmp_path):
             await bus.close()
 
 
+async def test_read_back_returns_what_was_stored_since_a_time_and_ends(nats_url):
+    """``read_back``: the messages stored at or after ``since``, decoded (None left out), and then it returns;
+    an empty window returns at once, not after the timeout."""
+    bus = await Bus.connect(nats_url, "test-read-back")
+    try:
+        await bus.ensure_stream(subjects.EVENTS)
+        cluster = f"rb-{uuid.uuid4().hex[:8]}"
+        subject = subjects.event(cluster)
+
+        def seq_of(data: bytes) -> int | None:
+            ev = decode(ClusterEvent, data)
+            return ev.seq if ev.seq != 3 else None  # a None result is left out
+
+        async def event(seq: int) -> None:
+            await bus.js_publish(subject, ClusterEvent(cluster=cluster, type="pod_bound", seq=seq, epoch="e", time=0.0))
+
+        empty_since = datetime.datetime.now(datetime.timezone.utc)
+        started = time.monotonic()
+        assert await bus.read_back(subject, empty_since, seq_of, timeout=30.0) == []
+        assert time.monotonic() - started < 10.0  # nothing stored: no wait for the timeout
+        await event(1)
+        await asyncio.sleep(0.05)  # the stored time of event 1 is before ``since``
+        since = datetime.datetime.now(datetime.timezone.utc)
+        await asyncio.sleep(0.05)
+        for seq in (2, 3, 4):
+            await event(seq)
+        started = time.monotonic()
+        assert await bus.read_back(subject, since, seq_of, timeout=30.0) == [2, 4]
+        assert time.monotonic() - started < 10.0  # ended at the last stored message, not by the timeout
+    finally:
+        await bus.close()
+
+
 async def test_connect_waits_for_a_late_server_and_gives_up_when_bounded(tmp_path):
     port = free_port()
     with pytest.raises(ConnectionError):

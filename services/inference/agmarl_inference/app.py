@@ -305,7 +305,7 @@ async def log_unassisted(rt: ServiceRuntime, app: InferenceApp, extender, settin
     async def publish(decision: m.Decision) -> None:
         await rt.publish(subjects.decision(decision.cluster, decision.namespace), decision, js=True,
                          msg_id=decision.decision_id)
-        app.decisions.labels(policy="", mode=decision.mode, source=catchup.UNASSISTED, result="bound").inc()
+        app.decisions.labels(policy="", mode=decision.mode, source=m.UNASSISTED, result="bound").inc()
 
     try:
         done = await catchup.catch_up(rt.bus, publish, settings.cluster, settings.extender_scheduler_names,

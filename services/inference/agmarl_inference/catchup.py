@@ -17,7 +17,6 @@ inference was down").
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import time
 from dataclasses import dataclass
@@ -26,7 +25,6 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from agmarl_common.runtime import messages as m
 from agmarl_common.runtime import subjects
 
-UNASSISTED = "unassisted"
 REASON = ("bound by kube-scheduler without a decision of the services: no inference process answered its extender "
           "calls (the extender is ignorable), or the one that did ended before logging it")
 
@@ -65,34 +63,10 @@ def pod_key_of(data: bytes, cluster: str) -> str | None:
 def unassisted_decision(ev: m.ClusterEvent, mode: str) -> m.Decision:
     namespace = str(ev.pod.get("namespace", "")) or ev.pod_key.partition("/")[0] or "default"
     return m.Decision(
-        decision_id=f"{UNASSISTED}-{ev.epoch}-{ev.seq}", cluster=ev.cluster, namespace=namespace, pod_key=ev.pod_key,
+        decision_id=f"{m.UNASSISTED}-{ev.epoch}-{ev.seq}", cluster=ev.cluster, namespace=namespace, pod_key=ev.pod_key,
         node=ev.node, gpus=list(ev.gpus), bound_node=ev.node, policy="", mode=mode,
         explanation={"reason": REASON, "binding": "watch", "bound_at": ev.time}, seen_at=ev.time,
-        decided_at=ev.time, source=UNASSISTED)
-
-
-async def read_back(bus: Any, subject: str, since: datetime.datetime, decode: Callable[[bytes], Any],
-                    timeout: float) -> list[Any]:
-    """``decode(data)`` of every message of ``subject``'s stream stored since ``since`` (None: left out), until
-    none is left (or ``timeout`` seconds pass with none coming)."""
-    out: list[Any] = []
-    sub = await bus.follow_since(subject, since)
-    try:
-        info = await sub.consumer_info()
-        if info.num_pending == 0 and info.delivered.consumer_seq == 0:  # nothing stored, nothing on its way
-            return out
-        while True:
-            try:
-                msg = await sub.next_msg(timeout=timeout)
-            except asyncio.TimeoutError:
-                return out
-            found = decode(msg.data)
-            if found is not None:
-                out.append(found)
-            if msg.metadata.num_pending == 0:
-                return out
-    finally:
-        await sub.unsubscribe()
+        decided_at=ev.time, source=m.UNASSISTED)
 
 
 @dataclass(frozen=True)
@@ -115,12 +89,12 @@ async def catch_up(bus: Any, publish: Any, cluster: str, schedulers: Sequence[st
     started = time.monotonic()
     since = datetime.datetime.fromtimestamp(listening_at - lookback_s, datetime.timezone.utc)
     await bus.ensure_stream(subjects.EVENTS)
-    events = [e for e in await read_back(bus, subjects.event(cluster), since, event_of, timeout)
+    events = [e for e in await bus.read_back(subjects.event(cluster), since, event_of, timeout)
               if e.cluster == cluster]
     schedulers_of, asked = known(), set(seen())
     if not unlogged(events, asked, schedulers, schedulers_of):  # none of ours: the log need not be read
         return CatchUp(events=len(events), seconds=time.monotonic() - started)
-    keys = await read_back(bus, subjects.decision_wildcard(cluster), since, lambda d: pod_key_of(d, cluster), timeout)
+    keys = await bus.read_back(subjects.decision_wildcard(cluster), since, lambda d: pod_key_of(d, cluster), timeout)
     found = unlogged(events, asked | set(keys), schedulers, schedulers_of)
     for ev in found:
         await publish(unassisted_decision(ev, mode))

@@ -14,7 +14,7 @@ from agmarl_common.runtime import messages as m
 from agmarl_common.runtime import subjects
 from agmarl_common.runtime.bus import Bus
 from agmarl_testing.secure_nats import auth, secure_server
-from agmarl_inference.catchup import UNASSISTED, catch_up, read_back, unlogged
+from agmarl_inference.catchup import catch_up, unlogged
 
 EXT = "agmarl-scheduler"
 
@@ -72,8 +72,8 @@ async def test_the_pods_bound_alone_are_logged_once_as_unassisted(nats_url):
         again = await catch_up(bus, publish, cluster, [EXT], 600.0, now, "hybrid")  # it finds its entry
         assert (again.logged, again.entries) == (0, 2)
         since = datetime.datetime.fromtimestamp(now - 600, datetime.timezone.utc)
-        log = await read_back(bus, subjects.decision_wildcard(cluster), since, lambda b: m.decode(m.Decision, b), 2.0)
-        [new] = [e for e in log if e.source == UNASSISTED]
+        log = await bus.read_back(subjects.decision_wildcard(cluster), since, lambda b: m.decode(m.Decision, b), 2.0)
+        [new] = [e for e in log if e.source == m.UNASSISTED]
         assert (new.pod_key, new.namespace, new.node, new.bound_node, new.policy) == (
             "team-a/alone", "team-a", "n2", "n2", "")
         assert "without a decision of the services" in new.explanation["reason"]

@@ -145,8 +145,8 @@ class RewardApp:
         if msg.decision_id in self.settled:  # settled already: the ack was lost or came late
             self.redelivered.inc()
             return
-        if msg.source == "unassisted":  # kube-scheduler placed it alone: no decision to reward or to learn from
-            self._settle_unrewarded(msg.decision_id, "unassisted")
+        if msg.source == m.UNASSISTED:  # kube-scheduler placed it alone: no decision to reward or to learn from
+            self._settle_unrewarded(msg.decision_id, m.UNASSISTED)
             return
         held = self.waiting.get(msg.decision_id)
         if held is not None:  # held past ack_wait: keep the newest delivery to ack

@@ -253,6 +253,30 @@ class Bus:
         config.opt_start_time = None
         return sub
 
+    async def read_back(self, subject: str, since: datetime.datetime, decode: Callable[[bytes], Any],
+                        timeout: float) -> list[Any]:
+        """``decode(data)`` of every message of ``subject``'s stream stored since ``since`` (a None result is left
+        out), read once until none is left or ``timeout`` seconds pass with none coming (``follow_since`` is the
+        consumer that goes on following)."""
+        out: list[Any] = []
+        sub = await self.follow_since(subject, since)
+        try:
+            info = await sub.consumer_info()
+            if info.num_pending == 0 and info.delivered.consumer_seq == 0:  # nothing stored, nothing on its way
+                return out
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=timeout)
+                except (asyncio.TimeoutError, NatsTimeoutError):
+                    return out
+                found = decode(msg.data)
+                if found is not None:
+                    out.append(found)
+                if msg.metadata.num_pending == 0:
+                    return out
+        finally:
+            await sub.unsubscribe()
+
     async def pull_subscribe(self, stream: str, subject: str, durable: str, ack_wait: float = 30.0,
                              max_deliver: int = 5) -> JetStreamContext.PullSubscription:
         """Durable pull consumer: ``await sub.fetch(batch, timeout)`` then ack each message."""

@@ -107,6 +107,10 @@ class GraphSync(Message):
     replica: str = ""
 
 
+# Decision.source of an entry that records no decision: a pod kube-scheduler bound alone (agmarl_inference.catchup)
+UNASSISTED = "unassisted"
+
+
 class Decision(Message):
     KIND: ClassVar[str] = "decision"
     decision_id: str
@@ -127,8 +131,8 @@ class Decision(Message):
     trace_id: str = ""
     seen_at: float
     decided_at: float
-    # unassisted: no decision of the services; a pod kube-scheduler bound alone while no inference answered its
-    # extender calls, logged by the next inference process at its start (agmarl_inference.catchup)
+    # unassisted (UNASSISTED): no decision of the services; a pod kube-scheduler bound alone while no inference
+    # answered its extender calls, logged by the next inference process at its start (agmarl_inference.catchup)
     source: Literal["loop", "extender", "batch", "unassisted"] = "loop"
     origin: str = ""  # the deciding inference replica
     origin_seq: int = 0  # its decision counter
