@@ -43,7 +43,7 @@ def test_ppo_terms_sum_the_log_probs_of_a_rounds_agents():
                          ("node_x", "nn_edge_index", "pod_x", "cand_pod", "cand_node", "cand_attr")})
     expect = torch.log_softmax(logits[:3], 0)[1] + torch.log_softmax(logits[3:], 0)[2]
     assert torch.allclose(joint[0], expect, atol=1e-6)
-    assert values.shape == (1,) and 0 < float(entropy) <= np.log(3) + 1e-6
+    assert values.shape == (1,) and 0 < float(entropy.detach()) <= np.log(3) + 1e-6
 
 
 def test_logit_penalty_adds_the_mean_squared_logit_and_shrinks_large_logits():
