@@ -88,6 +88,7 @@ log = logging.getLogger("agmarl.inference.extender")
 MODES = ("shadow", "recommend", "canary", "hybrid", "full")
 UNKNOWN_NODE = "node unknown to the agmarl extender's cluster cache"
 INLINE_STATE_NODES = 2_000  # requests naming at most this many nodes are judged on the event loop (below)
+INLINE_MODEL_MS = 10.0  # a policy whose last scoring took at most this scores a small request on the event loop
 LOGGED_SCORES = 128  # a decision logs the scores of its best nodes (and the chosen and bound ones) up to this
 MAX_PENDING = 4_096  # scored decisions awaiting their binding (~30 s at kube-scheduler's rate with a slow
 # watch); beyond this the oldest is published without its binding
@@ -176,6 +177,8 @@ class ExtenderService:
         self._state_pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="extender-state")
         self._model_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="extender-model")
         self._model_slot = threading.Semaphore(1)  # one model computation at a time, never queued
+        # (the policy, the milliseconds its last scoring took): a fast one scores small requests inline (``_model``)
+        self._model_cost: tuple[Any, float] = (None, float("inf"))
         self._body_pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="extender-body")
         self.pending: OrderedDict[str, PendingDecision] = OrderedDict()  # pod key -> decision awaiting its binding
         self._traces: OrderedDict[str, Any] = OrderedDict()  # pod uid -> context of the pod's first verb span
@@ -356,33 +359,58 @@ class ExtenderService:
             cand = admitted(admit_by, pod, req.state, cand)
         return req, cand, score_policy(default, pod, req.state, cand) if cand.size else None
 
+    def _timed_score(self, policy: Policy, pod: Pod, state: ClusterState, cand: np.ndarray) -> Scored:
+        """``score_policy``, its time kept as the policy's last cost (``_model_cost``)."""
+        started = time.perf_counter()
+        try:
+            return score_policy(policy, pod, state, cand)
+        finally:
+            self._model_cost = (policy, (time.perf_counter() - started) * 1e3)
+
+    def _fast(self, policy: Policy) -> bool:
+        """The policy's last scoring took at most ``INLINE_MODEL_MS`` (unknown before its first: not fast)."""
+        last, ms = self._model_cost
+        return last is policy and ms <= INLINE_MODEL_MS
+
     async def _model(self, policy: Policy, default: Policy, pod: Pod, req: RequestState, cand: np.ndarray,
-                     base: Scored, deadline: float, inline: bool = False) -> tuple[Scored | None, str]:
-        """The active policy's scores, or (None, fallback reason). ``inline``: a sum of kube-scheduler's
-        plugins (kube-default, kube-resources) scores a small request on the event loop, as the default
-        scores do; any other policy (the learned model) on its own thread, within the deadline."""
+                     base: Scored, deadline: float, inline: bool = False) -> tuple[Scored | None, str, bool]:
+        """(the active policy's scores or None, the fallback reason, whether they were computed on the event
+        loop). ``inline`` (a small request): a sum of kube-scheduler's plugins (kube-default, kube-resources)
+        scores on the event loop, as the default scores do, and so does any other policy (the learned model)
+        whose last scoring took at most ``INLINE_MODEL_MS``: on its own thread (and its explanation after it
+        there) it cost ~1.3 ms more of CPU a pod at 1,523 nodes, the hops and the cluster's rows read again on the
+        other core (``benchmarks/extender_cpu.py``). Otherwise, and always first, on its own thread within the
+        deadline: a slow model (measured there) never holds the event loop, and its answer falls back to the
+        default scores at the deadline."""
         if policy is default or policy.name == default.name:
-            return base, ""
+            return base, "", True
         if inline and isinstance(policy, WeightedPluginsPolicy):  # kube-scheduler's plugins, as the defaults
             try:
-                return score_policy(policy, pod, req.state, cand), ""
+                return score_policy(policy, pod, req.state, cand), "", True
             except Exception:  # noqa: BLE001
-                return None, self.fallback("model_error")
+                return None, self.fallback("model_error"), True
         if not self._model_slot.acquire(blocking=False):  # a slow model still runs: do not queue behind it
-            return None, self.fallback("model_busy")
+            return None, self.fallback("model_busy"), False
+        if inline and self._fast(policy):
+            try:
+                return self._timed_score(policy, pod, req.state, cand), "", True
+            except Exception:  # noqa: BLE001
+                return None, self.fallback("model_error"), True
+            finally:
+                self._model_slot.release()
         try:
-            fut = self._model_pool.submit(score_policy, policy, pod, req.state, cand)
+            fut = self._model_pool.submit(self._timed_score, policy, pod, req.state, cand)
         except RuntimeError:  # pool shut down
             self._model_slot.release()
-            return None, self.fallback("model_error")
+            return None, self.fallback("model_error"), False
         fut.add_done_callback(lambda _: self._model_slot.release())  # finished or cancelled before it ran
         remaining = deadline - time.perf_counter()
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(fut), max(remaining, 0.0)), ""
+            return await asyncio.wait_for(asyncio.wrap_future(fut), max(remaining, 0.0)), "", False
         except asyncio.TimeoutError:
-            return None, self.fallback("model_timeout")
+            return None, self.fallback("model_timeout"), False
         except Exception:  # noqa: BLE001
-            return None, self.fallback("model_error")
+            return None, self.fallback("model_error"), False
 
     async def prioritize(self, args: ExtenderArgs, headers: Any = None, started: float | None = None
                          ) -> dict[str, int]:
@@ -396,7 +424,7 @@ class ExtenderService:
         with self._span("prioritize", headers, pod.uid) as span:
             span.set_attribute("agmarl.pod", pod.key)
             span.set_attribute("agmarl.mode", mode)
-            fallback, req, cand, base, model = "", None, np.zeros(0, np.int64), None, None
+            fallback, req, cand, base, model, on_loop = "", None, np.zeros(0, np.int64), None, None, False
             try:
                 decides = returned_kind(mode, opted, "") == "model"
                 req, cand, base = await self._run(self._state_pool, deadline, self._prepare, pod, args, default,
@@ -407,8 +435,8 @@ class ExtenderService:
                     if not self.connected():
                         fallback = self.fallback("nats_down")
                     else:
-                        model, fallback = await self._model(policy, default, pod, req, cand, base, deadline,
-                                                            _small(args))
+                        model, fallback, on_loop = await self._model(policy, default, pod, req, cand, base,
+                                                                     deadline, _small(args))
             except asyncio.TimeoutError:
                 fallback = self.fallback("state_timeout")
             except Exception as exc:  # noqa: BLE001 - never fail a well-formed request
@@ -426,7 +454,7 @@ class ExtenderService:
                 if kind != "neutral":
                     scores.update(zip(cand_names, returned))
                 # held until the binding is known; a policy that explains itself does so now, on this state
-                explained = self._explain_soon(policy, pod, req, cand) if model is not None else None
+                explained = self._explain_soon(policy, pod, req, cand, on_loop) if model is not None else None
                 build = lambda bound: self._with_model_explanation(  # noqa: E731
                     self._scored(pod, cand_names, model, base, mode, opted, returned, kind, fallback, policy.name,
                                  version, span, seen_at, decided_at, bound), explained)
@@ -434,7 +462,8 @@ class ExtenderService:
                 blended = base.norm if model is None else weights[1] * base.norm + weights[0] * model.norm
                 self.metrics.decisions.labels(policy=policy.name, mode=mode, source="extender",
                                               result="fallback" if fallback else "scored").inc()
-                self._hold(pod, req.state, int(cand[int(np.argmax(blended))]), build, span, explained is None)
+                self._hold(pod, req.state, int(cand[int(np.argmax(blended))]), build, span,
+                           explained is None or explained.done())
             else:  # nothing to score: cache cold, a failure, or no candidate passes the hard filter here. The
                 # answer is neutral and kube-scheduler still binds by its own scores: the entry waits for that
                 # binding like a scored one (else the log would call unschedulable a pod that was bound)
@@ -523,16 +552,25 @@ class ExtenderService:
         if p is not None:
             self._publish(p, node, "bind")
 
-    def _explain_soon(self, policy: Any, pod: Pod, req: RequestState, cand: np.ndarray
+    def _explain_soon(self, policy: Any, pod: Pod, req: RequestState, cand: np.ndarray, on_loop: bool = False
                       ) -> concurrent.futures.Future | None:
-        """A learned policy's top attention edges and feature contributions for this decision, computed on the
-        model's thread right after its scores (behind them: the answer has gone or goes now), on the same state.
-        Computed later, when the binding is known, it ran on a state older than the next requests': the policy's
-        caches (node features, the encoder's embeddings) were recomputed twice a pod and the model's lock held
-        from the requests (against a real kube-scheduler, 100 nodes: ~42 % of inference's thread time)."""
+        """A learned policy's top attention edges and feature contributions for this decision, computed right after
+        its scores, on the same state: here, before the answer, when the scores were computed on the event loop
+        (``on_loop``: it reads their pass, ~0.3 ms at 1,523 nodes; the hop to the model's thread cost more than that),
+        else on the model's thread behind them (the answer has gone or goes now). Computed later, when the binding
+        is known, it ran on a state older than the next requests': the policy's caches (node features, the
+        encoder's embeddings) were recomputed twice a pod and the model's lock held from the requests (against a
+        real kube-scheduler, 100 nodes: ~42 % of inference's thread time)."""
         explain_fn = getattr(policy, "explain", None)
         if not callable(explain_fn) or not getattr(self.settings, "explain_model", True):
             return None
+        if on_loop:
+            done: concurrent.futures.Future = concurrent.futures.Future()
+            try:
+                done.set_result(explain_fn(pod, req.state, cand, top=3))
+            except Exception as exc:  # noqa: BLE001 - the entry says so (``_with_model_explanation``)
+                done.set_exception(exc)
+            return done
         try:
             return self._model_pool.submit(explain_fn, pod, req.state, cand, top=3)
         except RuntimeError:  # pool shut down

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 
 import numpy as np
@@ -99,6 +100,48 @@ async def test_slow_or_failing_model_answers_default_scores_within_budget(nats_u
         assert await prioritize(r) == expected and r.fallbacks("model_error") == 1
         assert sample(r.rt.registry, "agmarl_decisions_total", {"policy": "broken-model", "mode": "full",
                                                                 "source": "extender", "result": "fallback"}) == 1
+
+
+class NotingPolicy(PolicyBase):
+    """A model that notes the thread it scores and explains on (prefers the last candidate); ``delay`` a call."""
+
+    def __init__(self, name: str, delay: float = 0.0):
+        self.name, self.delay = name, delay
+        self.scored: list[int] = []
+        self.explained: list[int] = []
+
+    def score(self, pod, state, candidates):
+        time.sleep(self.delay)
+        self.scored.append(threading.get_ident())
+        return np.arange(len(candidates), dtype=float)
+
+    def explain(self, pod, state, candidates, top=5):
+        self.explained.append(threading.get_ident())
+        return {"policy": self.name, "chosen": state.nodes[int(candidates[-1])].name}
+
+
+async def test_a_fast_model_scores_small_requests_on_the_event_loop_a_slow_one_on_its_thread(nats_url):
+    """The first scoring of a policy runs on the model's thread (its time unknown); once one took at most
+    INLINE_MODEL_MS, the next requests of at most INLINE_STATE_NODES nodes are scored, and explained, on the event
+    loop (no thread hop), the explanation in the held entry; a slower model stays on its thread."""
+    async with running(nats_url, extender_budget_ms=500) as r:
+        loop_thread, service = threading.get_ident(), r.ext.service
+        fast = NotingPolicy("fast-model")
+        r.app.policy = fast
+        for k in range(3):
+            await prioritize(r, pod=pod_json(name=f"f{k}"))
+        await asyncio.wrap_future(service._model_pool.submit(lambda: None))  # the first explanation is done
+        assert fast.scored[0] != loop_thread and fast.scored[1:] == [loop_thread, loop_thread]
+        assert fast.explained[0] != loop_thread and fast.explained[1:] == [loop_thread, loop_thread]
+        entry = service.pending["default/f2"].build("node-0")
+        assert entry.explanation["model"] == {"policy": "fast-model", "chosen": entry.node}
+        assert service.pending["default/f2"].cheap  # explained already: built on the event loop
+        slow = NotingPolicy("slow-model", delay=0.02)  # 20 ms > INLINE_MODEL_MS
+        r.app.policy = slow
+        for k in range(3):
+            await prioritize(r, pod=pod_json(name=f"s{k}"))
+        assert len(slow.scored) == 3 and loop_thread not in slow.scored
+        assert r.fallbacks("model_timeout") == 0 and r.fallbacks("model_busy") == 0
 
 
 async def test_nats_down_answers_default_scores(tmp_path):
