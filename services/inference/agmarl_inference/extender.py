@@ -38,6 +38,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
@@ -78,6 +79,7 @@ from agmarl_inference.extender_wire import (
     MetaPod,
     MetaVictims,
     NodeList,
+    Priorities,
     request_names,
 )
 from agmarl_inference.extender_view import RequestState, request_state
@@ -142,6 +144,36 @@ def with_binding(decision: m.Decision, node: str, how: str) -> m.Decision:
 
 # ---------------------------------------------------------------------------------------------
 # The service
+
+class CandidateNames(Sequence[str]):
+    """The names of a decision's candidates (``cand``: indexes into ``state.nodes``), looked up when read: a log
+    entry reads the names of its logged nodes only (at most ``LOGGED_SCORES``), not of every candidate."""
+
+    def __init__(self, state: ClusterState, cand: np.ndarray):
+        self.nodes, self.where, self.cand = state.nodes, state.index, cand
+
+    def __len__(self) -> int:
+        return len(self.cand)
+
+    def __getitem__(self, k):  # noqa: ANN001, ANN204 - an int, or a slice (a list)
+        if isinstance(k, slice):
+            return [self.nodes[i].name for i in self.cand[k].tolist()]
+        return self.nodes[int(self.cand[k])].name
+
+    def _positions(self, name: object) -> np.ndarray:
+        i = self.where.get(name) if isinstance(name, str) else None
+        return np.flatnonzero(self.cand == i) if i is not None else np.zeros(0, np.int64)
+
+    def index(self, name: object, start: int = 0, stop: int | None = None) -> int:
+        hits = self._positions(name)
+        hits = hits[(hits >= start) & (hits < (len(self) if stop is None else stop))]
+        if not hits.size:
+            raise ValueError(f"{name!r} is not a candidate")
+        return int(hits[0])
+
+    def __contains__(self, name: object) -> bool:
+        return bool(self._positions(name).size)
+
 
 class ExtenderMetrics:
     def __init__(self, registry: CollectorRegistry, decisions: Counter | None = None):
@@ -353,7 +385,7 @@ class ExtenderService:
         req = request_state(pod, args, self.cache)
         if req.state is None:
             return req, np.zeros(0, np.int64), None
-        known = np.array([i for i in req.idx if i is not None], dtype=np.int64)
+        known = req.index[req.index >= 0]
         cand = known[feasible_mask(pod, req.state)[known]] if known.size else known
         if admit_by is not None and cand.size:
             cand = admitted(admit_by, pod, req.state, cand)
@@ -413,9 +445,9 @@ class ExtenderService:
             return None, self.fallback("model_error"), False
 
     async def prioritize(self, args: ExtenderArgs, headers: Any = None, started: float | None = None
-                         ) -> dict[str, int]:
-        """Host -> score 0..10 for every node of the request (unknown/infeasible ones score 0); ``started``
-        as for ``filter``."""
+                         ) -> Priorities:
+        """A score 0..10 for every node of the request, in its order (unknown/infeasible ones score 0);
+        ``started`` as for ``filter``."""
         seen_at, deadline = time.time(), (time.perf_counter() if started is None else started) + self.work_budget
         pod = self._pod(args.Pod)
         src = self.source
@@ -444,15 +476,16 @@ class ExtenderService:
                 fallback = self.fallback("state_error")
             names = req.names if req is not None else request_names(args)
             kind = returned_kind(mode, opted, fallback) if base is not None else "neutral"
-            scores = {n: NEUTRAL_SCORE for n in names}
+            answer = Priorities.neutral(names)
             decided_at = time.time()
             if base is not None:
                 chosen = (model if kind == "model" else base).norm
-                nodes = req.state.nodes
-                cand_names = [nodes[i].name for i in cand.tolist()]
+                cand_names = CandidateNames(req.state, cand)
                 returned = to_extender_scores(chosen) if kind != "neutral" else [NEUTRAL_SCORE] * len(cand)
-                if kind != "neutral":
-                    scores.update(zip(cand_names, returned))
+                if kind != "neutral":  # by node: a request naming a node twice gives it its score twice
+                    by_node = np.full(len(req.state.nodes) + 1, NEUTRAL_SCORE, np.int64)  # the last: unknown (-1)
+                    by_node[cand] = returned
+                    answer = Priorities(names, by_node[req.index])
                 # held until the binding is known; a policy that explains itself does so now, on this state
                 explained = self._explain_soon(policy, pod, req, cand, on_loop) if model is not None else None
                 build = lambda bound: self._with_model_explanation(  # noqa: E731
@@ -476,7 +509,7 @@ class ExtenderService:
                 self._hold(pod, None, None, build, span)
             span.set_attribute("agmarl.fallback", fallback)
             span.set_attribute("agmarl.returned", kind)
-        return scores
+        return answer
 
     # --- assumed choices and their bindings ---------------------------------------------------------
 
@@ -586,7 +619,7 @@ class ExtenderService:
                 decision.explanation["model"] = {"error": type(exc).__name__}
         return decision
 
-    def _scored(self, pod: Pod, names: list[str], model: Scored | None, base: Scored, mode: str, opted: bool,
+    def _scored(self, pod: Pod, names: Sequence[str], model: Scored | None, base: Scored, mode: str, opted: bool,
                 returned: list[int], kind: str, fallback: str, policy: str, version: str, span: trace.Span,
                 seen_at: float, decided_at: float, bound: str = "") -> m.Decision:
         """The decision-log entry; the scores of at most ``LOGGED_SCORES`` nodes (the best by the blend, the

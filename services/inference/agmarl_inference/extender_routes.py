@@ -25,7 +25,6 @@ from starlette.requests import ClientDisconnect
 
 from agmarl_inference.extender import ExtenderService
 from agmarl_inference.extender_wire import (
-    NEUTRAL_SCORE,
     BadRequest,
     BodyError,
     ExtenderArgs,
@@ -35,6 +34,7 @@ from agmarl_inference.extender_wire import (
     ExtenderPreemptionArgs,
     ExtenderPreemptionResult,
     HostPriority,
+    Priorities,
     parse_args,
     priorities_json,
     request_names,
@@ -151,8 +151,8 @@ async def prioritize_route(args: PrioritizeArgs, ext: ExtenderDep, request: Requ
         raise _bad(ext, "prioritize", exc) from None
     except Exception:  # noqa: BLE001
         ext.fallback("error")
-        result = {n: NEUTRAL_SCORE for n in request_names(args)}
-    return await _json(ext, lambda: priorities_json(result), len(result))
+        result = Priorities.neutral(request_names(args))
+    return await _json(ext, lambda: priorities_json(result), len(result.hosts))
 
 
 @router.post("/bind", response_model=ExtenderBindingResult)

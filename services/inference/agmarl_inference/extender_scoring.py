@@ -6,7 +6,7 @@ fails the hard filter (classified as kube-scheduler does).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -79,7 +79,19 @@ def returned_kind(mode: str, opted_in: bool, fallback: str) -> str:
     return "default" if fallback else "model"
 
 
-def explain(names: list[str], model: Scored | None, default: Scored, weights: tuple[float, float],
+def _top(values: np.ndarray, k: int) -> np.ndarray:
+    """The first ``k`` (or more) indexes of ``np.argsort(-values, kind="stable")``, without sorting them all:
+    every value at or above the k-th largest, in that order."""
+    if values.size <= k:
+        return np.argsort(-values, kind="stable")
+    kth = np.partition(values, values.size - k)[values.size - k]
+    ahead = np.flatnonzero(values >= kth)
+    if ahead.size < k:  # NaN among the values: the full order puts them last
+        return np.argsort(-values, kind="stable")
+    return ahead[np.argsort(-values[ahead], kind="stable")]
+
+
+def explain(names: Sequence[str], model: Scored | None, default: Scored, weights: tuple[float, float],
             returned: list[int], top_k: int = 3) -> dict[str, Any]:
     """Top nodes with their plugin terms, and the terms that separate the winner from the runner-up
     (each term's signed share in blended[best] - blended[second]; they sum to that difference)."""
@@ -88,7 +100,7 @@ def explain(names: list[str], model: Scored | None, default: Scored, weights: tu
     if model is not None:
         parts.update({f"model.{k}": wm * v for k, v in model.contributions.items()})
     blended = wd * default.norm + (wm * model.norm if model is not None else 0.0)
-    order = np.argsort(-blended, kind="stable")
+    order = _top(blended, max(top_k, 2))
     top = []
     for k in order[:top_k]:
         entry = {"node": names[k], "blended": round(float(blended[k]), 3), "default": round(float(default.norm[k]), 3),

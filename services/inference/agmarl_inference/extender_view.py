@@ -5,6 +5,9 @@ on them for NodeList requests."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import repeat
+
+import numpy as np
 
 from agmarl_common.kube import convert as kc
 from agmarl_common.core.cluster.model import ClusterState, Pod, unbind_at
@@ -16,9 +19,18 @@ from agmarl_inference.extender_wire import ExtenderArgs
 class RequestState:
     state: ClusterState | None  # None: cache cold in cache mode
     names: list[str]  # the request's node names, in request order
-    idx: list[int | None]  # their index in state (None: unknown)
+    index: np.ndarray  # their index in state (int64; -1: unknown)
     items: dict[str, dict] = field(default_factory=dict)  # nocache: name -> original node object
     unreadable: dict[str, str] = field(default_factory=dict)  # nocache: nodes that failed to convert
+
+    @property
+    def idx(self) -> list[int | None]:
+        """``index`` as a list, None for an unknown node."""
+        return [None if i < 0 else i for i in self.index.tolist()]
+
+
+def _indexes(state: ClusterState, names: list[str]) -> np.ndarray:
+    return np.fromiter(map(state.index.get, names, repeat(-1)), np.int64, len(names))
 
 
 def pods_on(view: ClusterView, node_names: list[str]) -> list[Pod]:
@@ -42,11 +54,11 @@ def request_state(pod: Pod, args: ExtenderArgs, view: ClusterView) -> RequestSta
                 unreadable[name] = f"node object could not be read: {exc}"
         pods = [p for p in pods_on(view, [n.name for n in nodes]) if p.key != pod.key]
         state = kc.pods_on_nodes(nodes, pods)
-        return RequestState(state, names, [state.index.get(n) for n in names], items, unreadable)
+        return RequestState(state, names, _indexes(state, names), items, unreadable)
     names = list(args.NodeNames or [])
     state = view.state
     if state is None:
-        return RequestState(None, names, [None] * len(names))
+        return RequestState(None, names, np.full(len(names), -1, np.int64))
     if pod.key in view.where:  # a retry of a pod the view already shows as bound (or assumed)
         state = unbind_at(state, view.where[pod.key], pod.key)
-    return RequestState(state, names, list(map(state.index.get, names)))
+    return RequestState(state, names, _indexes(state, names))

@@ -130,23 +130,56 @@ async def test_a_parse_that_outlasts_the_budget(nats_url):
 
 
 def test_the_answer_is_the_json_of_the_host_priority_list_whatever_the_scores():
-    """priorities_json writes a HostPriorityList from per-host entries kept for each score 0..10: the same bytes
-    as serialising the list of {"Host", "Score"} objects, for names JSON must escape, every score, one node list
-    after another, and scores outside 0..10 (written out, never looked up from the wrong end)."""
+    """priorities_json writes a HostPriorityList from the host list's bytes kept with blank scores: the list of
+    {"Host", "Score"} objects, every host once in request order, for names JSON must escape, every score, one
+    host list after another; a score as two characters (JSON allows the space: byte for byte the compact
+    list once the spaces are gone); scores outside 0..10 or not ints, and a host named twice, written out."""
     import numpy as np
 
-    from agmarl_inference.extender_wire import priorities_json
+    from agmarl_inference.extender_wire import Priorities, priorities_json
 
-    def plain(scores):
-        return json.dumps([{"Host": h, "Score": int(v)} for h, v in scores.items()], separators=(",", ":")).encode()
+    def plain(pairs):
+        return json.dumps([{"Host": h, "Score": int(v)} for h, v in pairs], separators=(",", ":")).encode()
 
     rng = np.random.default_rng(3)
-    names = [f"node-{i}" for i in range(300)] + ['we"ird\\name', "ünïcode-node", "tab\there"]
-    for _ in range(6):  # the same node lists again and others: the kept entries serve only their own list
+    names = [f"node-{i}" for i in range(300)] + ['we"ird\\name', "ünïcode-node", "tab\there", "Score:10 }"]
+    for _ in range(8):  # the same host lists again and others: the kept bytes serve only their own list
         hosts = names if rng.random() < 0.5 else names[::-1][:200]
-        scores = dict(zip(hosts, rng.integers(0, 11, len(hosts)).tolist()))
-        assert priorities_json(scores) == plain(scores)
-    for odd in (-1, 11, 5.0, True):
-        scores = {"a": 3, "b": odd, "c": 10}
-        assert priorities_json(scores) == plain(scores), odd
-    assert priorities_json({}) == b"[]"
+        scores = rng.integers(0, 11, len(hosts))
+        written = priorities_json(Priorities(hosts, scores))
+        assert json.loads(written) == [{"Host": h, "Score": int(v)} for h, v in zip(hosts, scores)]
+        assert written.replace(b" ", b"") == plain(zip(hosts, scores)).replace(b" ", b"")
+        assert len(written) == len(plain(zip(hosts, scores))) + int((scores < 10).sum())
+    for odd in (-1, 11, 5.0):  # written out: the numbers as they are
+        hosts, values = ["a", "b", "c"], [3, odd, 10]
+        assert priorities_json(Priorities(hosts, np.asarray(values))) == plain(zip(hosts, np.asarray(values))), odd
+    # a host named twice: one entry, as a dict of the scores
+    assert priorities_json(Priorities(["a", "b", "a"], np.array([1, 2, 1]))) == plain([("a", 1), ("b", 2)])
+    assert priorities_json(Priorities([], np.zeros(0, np.int64))) == b"[]"
+    assert priorities_json(Priorities.neutral(["x", "y"])) == b'[{"Host":"x","Score": 0},{"Host":"y","Score": 0}]'
+
+
+def test_the_explanation_top_nodes_and_the_candidate_names_read_lazily():
+    """``_top`` gives the first k of the stable descending order (ties by index, NaN last) without sorting
+    every candidate; ``CandidateNames`` reads the names of the candidates it is asked for, finds a node's
+    position by the state's index, and is a sequence (len, slices, membership)."""
+    import numpy as np
+
+    from agmarl_common.core.cluster.model import ClusterState, Node
+    from agmarl_inference.extender import CandidateNames
+    from agmarl_inference.extender_scoring import _top
+
+    rng = np.random.default_rng(5)
+    for t in range(500):
+        n, k = int(rng.integers(1, 60)), int(rng.integers(1, 6))
+        v = rng.integers(0, 4, n).astype(float) if t % 2 else rng.random(n)
+        if t % 5 == 0 and n > 2:
+            v[rng.integers(0, n)] = np.nan
+        assert np.array_equal(_top(v, k)[:min(k, n)], np.argsort(-v, kind="stable")[:min(k, n)]), (v, k)
+    state = ClusterState.empty([Node(f"n{i}", 1000, 1024) for i in range(10)])
+    names = CandidateNames(state, np.array([7, 2, 9, 2], np.int64))
+    assert len(names) == 4 and list(names) == ["n7", "n2", "n9", "n2"] and names[1:3] == ["n2", "n9"]
+    assert names.index("n2") == 1 and names.index("n2", 2) == 3 and "n9" in names
+    assert "n3" not in names and "nowhere" not in names and 7 not in names
+    with pytest.raises(ValueError):
+        names.index("n3")
