@@ -59,7 +59,7 @@ def test_logit_penalty_adds_the_mean_squared_logit_and_shrinks_large_logits():
     penalised, _ = imitation_loss(net, [sample], logit_penalty=0.01)
     logits = net.logits({k: torch.from_numpy(getattr(g, k)) for k in
                          ("node_x", "nn_edge_index", "pod_x", "cand_pod", "cand_node", "cand_attr")})
-    assert float(penalised - plain) == pytest.approx(0.01 * float((logits ** 2).mean()), rel=1e-5)
+    assert float((penalised - plain).detach()) == pytest.approx(0.01 * float((logits ** 2).mean().detach()), rel=1e-5)
     keys = ("node_x", "nn_edge_index", "pod_x", "cand_pod", "cand_node", "cand_attr")
     start = {k: v.clone() for k, v in net.state_dict().items()}
     peak = {}
@@ -71,5 +71,5 @@ def test_logit_penalty_adds_the_mean_squared_logit_and_shrinks_large_logits():
             opt.zero_grad()
             loss.backward()
             opt.step()
-        peak[penalty] = float(net.logits({k: torch.from_numpy(getattr(g, k)) for k in keys}).abs().max())
+        peak[penalty] = float(net.logits({k: torch.from_numpy(getattr(g, k)) for k in keys}).abs().max().detach())
     assert peak[0.0] > 40 and peak[0.1] < 25
