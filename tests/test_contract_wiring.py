@@ -41,7 +41,7 @@ def handled(service: str) -> set[tuple[str, str]]:
 
 
 def read_back(service: str) -> set[str]:
-    """Subject kinds a service reads back from their stream at start (``read_back(bus, subjects.<fn>(...), ...)`` or
+    """Subject kinds a service reads back from their stream (``bus.read_back(subjects.<fn>(...), ...)`` or
     ``bus.follow_since(subjects.<fn>(...), ...)``): a consumer without a live handler (inference's catch-up)."""
     out = set()
     for path in (ROOT / "services" / service).rglob("*.py"):

@@ -295,10 +295,10 @@ class ExtenderService:
         if state is None:
             return None
         ok, failed, unresolvable = [], dict(req.unreadable), {}
-        mask = feasible_mask(pod, state)
-        failing = [i for i in req.idx if i is not None and not mask[i]]
+        mask, idx = feasible_mask(pod, state), req.idx
+        failing = [i for i in idx if i is not None and not mask[i]]
         reasons = failed_reasons(pod, state, failing) if failing else {}
-        for name, i in zip(req.names, req.idx):
+        for name, i in zip(req.names, idx):
             if name in failed:
                 continue
             if i is None:

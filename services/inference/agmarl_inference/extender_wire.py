@@ -192,9 +192,6 @@ class Priorities:
     def neutral(cls, hosts: Sequence[str]) -> "Priorities":
         return cls(hosts, np.full(len(hosts), NEUTRAL_SCORE, np.int64))
 
-    def as_dict(self) -> dict[str, int]:
-        return dict(zip(self.hosts, np.asarray(self.scores).tolist()))
-
 
 @dataclass(frozen=True)
 class _Layout:
@@ -208,6 +205,7 @@ class _Layout:
 
 # host lists -> their layout (None: a list that names a host twice), for the last few lists
 _LAYOUTS: dict[tuple[str, ...], _Layout | None] = {}
+_UNSEEN = object()
 
 
 def _layout(hosts: tuple[str, ...]) -> _Layout | None:
@@ -239,11 +237,12 @@ def priorities_json(answer: Priorities) -> bytes:
     read from all over the heap per answer. A score outside 0..10 or not an int, and a list naming a host twice,
     are written entry by entry (one entry per host, as a dict of the scores)."""
     hosts = tuple(answer.hosts)
-    if hosts not in _LAYOUTS:
+    layout = _LAYOUTS.get(hosts, _UNSEEN)  # one lookup: a tuple's hash is computed anew each time
+    if layout is _UNSEEN:
         if len(_LAYOUTS) >= 4:
             _LAYOUTS.clear()
-        _LAYOUTS[hosts] = _layout(hosts)
-    layout, values = _LAYOUTS[hosts], np.asarray(answer.scores)
+        layout = _LAYOUTS[hosts] = _layout(hosts)
+    values = np.asarray(answer.scores)
     if layout is None or values.dtype.kind not in "iu" or (values.size and (values.min() < 0 or
                                                                            values.max() > MAX_EXTENDER_SCORE)):
         return _written_out(dict(zip(hosts, values.tolist())))
